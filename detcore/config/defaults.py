@@ -1,0 +1,313 @@
+"""Every config key detcore knows, with its default and what it means.
+
+Builders (`build_*(cfg)`) read these keys and pass plain arguments to constructors; a key
+that is not here cannot be set from a yaml file or the command line. The defaults are the
+published Mask R-CNN R-50-FPN COCO recipe except where a comment says otherwise; the yaml
+files in configs/ only list what they change. Names follow detectron2 so its users feel at home.
+
+Conventions: sizes are in pixels of the resized input image, thresholds are IoU in [0, 1],
+"per image" counts are per image of the batch, iteration counts are optimizer steps.
+"""
+from .config import CfgNode as CN
+
+_C = CN()
+
+# Bump when a key changes meaning, so old yaml files can be told apart.
+_C.VERSION = 1
+
+_C.MODEL = CN()
+# Name of the meta-architecture in the META_ARCH registry.
+_C.MODEL.META_ARCHITECTURE = "GeneralizedRCNN"
+# torch device the model and batches live on: "cpu", "cuda", "cuda:1", ...
+_C.MODEL.DEVICE = "cpu"
+# Checkpoint (.pth) to initialize from; "" trains from scratch.
+_C.MODEL.WEIGHTS = ""
+# True: Mask R-CNN (box + mask heads); False: Faster R-CNN (boxes only).
+_C.MODEL.MASK_ON = False
+# Per-channel mean / std subtracted / divided from input pixels, in INPUT.FORMAT channel
+# order and 0-255 scale (these are the ImageNet statistics in BGR).
+_C.MODEL.PIXEL_MEAN = [103.530, 116.280, 123.675]
+_C.MODEL.PIXEL_STD = [57.375, 57.120, 58.395]
+
+# ---------------------------------------------------------------------------------------------
+# Backbone: a ResNet body and an FPN on top
+# ---------------------------------------------------------------------------------------------
+_C.MODEL.BACKBONE = CN()
+# Builder name in the BACKBONE registry.
+_C.MODEL.BACKBONE.NAME = "build_resnet_fpn_backbone"
+# Stages frozen (no gradient): 0 none, 1 the stem, 2 stem + res2, ... 5 everything.
+_C.MODEL.BACKBONE.FREEZE_AT = 2
+
+_C.MODEL.RESNETS = CN()
+# Number of layers: 18 or 34 (basic blocks), 50, 101 or 152 (bottleneck blocks).
+_C.MODEL.RESNETS.DEPTH = 50
+# Stages whose outputs the backbone returns, among "stem", "res2" ... "res5".
+_C.MODEL.RESNETS.OUT_FEATURES = ["res2", "res3", "res4", "res5"]
+# Groups of the 3x3 conv in bottleneck blocks: 1 for ResNet, 32 for ResNeXt-32x8d.
+_C.MODEL.RESNETS.NUM_GROUPS = 1
+# Channels per group in res2's 3x3 conv (64 for ResNet; 8 for ResNeXt-32x8d).
+_C.MODEL.RESNETS.WIDTH_PER_GROUP = 64
+# Where a bottleneck's stride-2 sits: True on the 1x1 conv (MSRA/caffe2 weights),
+# False on the 3x3 conv (torchvision and most PyTorch weights).
+_C.MODEL.RESNETS.STRIDE_IN_1X1 = True
+# Normalization in the body: "FrozenBN" (fixed pretrained statistics), "BN", "SyncBN",
+# "GN" (32 groups) or "" (none).
+_C.MODEL.RESNETS.NORM = "FrozenBN"
+# Output channels of the stem (7x7 conv + max pool).
+_C.MODEL.RESNETS.STEM_OUT_CHANNELS = 64
+# Output channels of res2; doubles at each later stage. 256 for bottleneck ResNets,
+# 64 for R18/R34.
+_C.MODEL.RESNETS.RES2_OUT_CHANNELS = 256
+# Dilation of res5: 1 (stride 32) or 2 (stride 16, larger output map).
+_C.MODEL.RESNETS.RES5_DILATION = 1
+
+_C.MODEL.FPN = CN()
+# Backbone body outputs the FPN reads, finest first.
+_C.MODEL.FPN.IN_FEATURES = ["res2", "res3", "res4", "res5"]
+# Channels of every FPN output (p2 ... p6).
+_C.MODEL.FPN.OUT_CHANNELS = 256
+# Normalization in the lateral and output convs: "" (none), "GN", "BN", "SyncBN".
+_C.MODEL.FPN.NORM = ""
+# How the top-down and lateral paths combine: "sum" or "avg".
+_C.MODEL.FPN.FUSE_TYPE = "sum"
+# Extra coarser levels: "maxpool" (p6 = stride-2 max pool of p5, for Mask R-CNN) or
+# "p6p7" (p6, p7 from convs on C5, for RetinaNet).
+_C.MODEL.FPN.TOP_BLOCK = "maxpool"
+
+# ---------------------------------------------------------------------------------------------
+# Anchors and the region proposal network
+# ---------------------------------------------------------------------------------------------
+_C.MODEL.ANCHOR_GENERATOR = CN()
+# Anchor sizes (sqrt of area, pixels), one list per RPN.IN_FEATURES level (or one list for all).
+_C.MODEL.ANCHOR_GENERATOR.SIZES = [[32], [64], [128], [256], [512]]
+# Anchor height / width ratios, one list per level (or one list shared by all levels).
+_C.MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS = [[0.5, 1.0, 2.0]]
+# Anchor centers sit at (i + OFFSET) * stride; 0.0 or 0.5.
+_C.MODEL.ANCHOR_GENERATOR.OFFSET = 0.0
+
+_C.MODEL.RPN = CN()
+# RPN head name in the RPN_HEAD registry.
+_C.MODEL.RPN.HEAD_NAME = "StandardRPNHead"
+# Feature maps the RPN runs on; one anchor size list each.
+_C.MODEL.RPN.IN_FEATURES = ["p2", "p3", "p4", "p5", "p6"]
+# Anchors crossing the image border by more than this many pixels are ignored in
+# training; -1 keeps them all.
+_C.MODEL.RPN.BOUNDARY_THRESH = -1
+# IoU cut points of the anchor matcher and the label of each band: IoU < 0.3 -> 0
+# (background), 0.3..0.7 -> -1 (ignored), >= 0.7 -> 1 (foreground).
+_C.MODEL.RPN.IOU_THRESHOLDS = [0.3, 0.7]
+_C.MODEL.RPN.IOU_LABELS = [0, -1, 1]
+# Also make each ground-truth box's best anchor(s) foreground even below 0.7 IoU.
+_C.MODEL.RPN.ALLOW_LOW_QUALITY_MATCHES = True
+# Anchors sampled per image for the RPN losses.
+_C.MODEL.RPN.BATCH_SIZE_PER_IMAGE = 256
+# Target fraction of foreground anchors in that sample.
+_C.MODEL.RPN.POSITIVE_FRACTION = 0.5
+# Box regression loss: "smooth_l1" or "giou".
+_C.MODEL.RPN.BBOX_REG_LOSS_TYPE = "smooth_l1"
+# Weights (wx, wy, ww, wh) of the anchor -> box delta encoding.
+_C.MODEL.RPN.BBOX_REG_WEIGHTS = (1.0, 1.0, 1.0, 1.0)
+# Smooth L1 transition point; 0.0 makes it plain L1.
+_C.MODEL.RPN.SMOOTH_L1_BETA = 0.0
+# Multiplier of both RPN losses.
+_C.MODEL.RPN.LOSS_WEIGHT = 1.0
+# Top-scoring anchors kept per feature level before NMS, in training / at test.
+_C.MODEL.RPN.PRE_NMS_TOPK_TRAIN = 2000
+_C.MODEL.RPN.PRE_NMS_TOPK_TEST = 1000
+# Proposals kept per image after NMS (over all levels), in training / at test.
+_C.MODEL.RPN.POST_NMS_TOPK_TRAIN = 2000
+_C.MODEL.RPN.POST_NMS_TOPK_TEST = 1000
+# IoU threshold of the proposal NMS.
+_C.MODEL.RPN.NMS_THRESH = 0.7
+# Proposals with a side shorter than this (pixels) are dropped.
+_C.MODEL.RPN.MIN_SIZE = 0.0
+
+# ---------------------------------------------------------------------------------------------
+# ROI heads: box classification / regression and masks on the proposals
+# ---------------------------------------------------------------------------------------------
+_C.MODEL.ROI_HEADS = CN()
+# ROI heads name in the ROI_HEADS registry.
+_C.MODEL.ROI_HEADS.NAME = "StandardROIHeads"
+# Foreground classes; background is implicit (class index NUM_CLASSES).
+_C.MODEL.ROI_HEADS.NUM_CLASSES = 80
+# Feature maps the ROI poolers read, finest first (p6 only serves the RPN).
+_C.MODEL.ROI_HEADS.IN_FEATURES = ["p2", "p3", "p4", "p5"]
+# Proposal matcher: IoU < 0.5 -> background (0), >= 0.5 -> foreground (1).
+_C.MODEL.ROI_HEADS.IOU_THRESHOLDS = [0.5]
+_C.MODEL.ROI_HEADS.IOU_LABELS = [0, 1]
+# Proposals sampled per image to train the box head.
+_C.MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE = 512
+# Target fraction of foreground proposals in that sample.
+_C.MODEL.ROI_HEADS.POSITIVE_FRACTION = 0.25
+# At test: detections scoring below this are dropped before NMS.
+_C.MODEL.ROI_HEADS.SCORE_THRESH_TEST = 0.05
+# At test: IoU threshold of the per-class NMS.
+_C.MODEL.ROI_HEADS.NMS_THRESH_TEST = 0.5
+# In training, add the ground-truth boxes to the proposals (gives early training positives).
+_C.MODEL.ROI_HEADS.PROPOSAL_APPEND_GT = True
+# FPN level assignment: a box of sqrt(area) CANONICAL_BOX_SIZE pixels is pooled from
+# level CANONICAL_LEVEL (p4); each halving / doubling moves one level down / up.
+_C.MODEL.ROI_HEADS.CANONICAL_BOX_SIZE = 224
+_C.MODEL.ROI_HEADS.CANONICAL_LEVEL = 4
+
+_C.MODEL.ROI_BOX_HEAD = CN()
+# Box head name in the ROI_BOX_HEAD registry.
+_C.MODEL.ROI_BOX_HEAD.NAME = "FastRCNNConvFCHead"
+# Predictor (class scores + box deltas) name in the ROI_BOX_PREDICTOR registry.
+_C.MODEL.ROI_BOX_HEAD.PREDICTOR_NAME = "FastRCNNOutputLayers"
+# 3x3 convs before the FC layers, and their channels.
+_C.MODEL.ROI_BOX_HEAD.NUM_CONV = 0
+_C.MODEL.ROI_BOX_HEAD.CONV_DIM = 256
+# Fully connected layers, and their width.
+_C.MODEL.ROI_BOX_HEAD.NUM_FC = 2
+_C.MODEL.ROI_BOX_HEAD.FC_DIM = 1024
+# Normalization of the convs: "", "GN", "BN", "SyncBN".
+_C.MODEL.ROI_BOX_HEAD.NORM = ""
+# Side of the pooled feature (7 -> 7x7 per ROI).
+_C.MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION = 7
+# ROIAlign samples per bin side; 0 = adaptive (ceil(roi size / output size)).
+_C.MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO = 0
+# ROIAlign aligned=True: half-pixel shift so box edges land on pixel borders.
+_C.MODEL.ROI_BOX_HEAD.POOLER_ALIGNED = True
+# Weights (wx, wy, ww, wh) of the proposal -> box delta encoding.
+_C.MODEL.ROI_BOX_HEAD.BBOX_REG_WEIGHTS = (10.0, 10.0, 5.0, 5.0)
+# True: one box regression for all classes; False: one per class.
+_C.MODEL.ROI_BOX_HEAD.CLS_AGNOSTIC_BBOX_REG = False
+# Box regression loss: "smooth_l1" or "giou".
+_C.MODEL.ROI_BOX_HEAD.BBOX_REG_LOSS_TYPE = "smooth_l1"
+# Smooth L1 transition point; 0.0 makes it plain L1.
+_C.MODEL.ROI_BOX_HEAD.SMOOTH_L1_BETA = 0.0
+
+_C.MODEL.ROI_MASK_HEAD = CN()
+# Mask head name in the ROI_MASK_HEAD registry.
+_C.MODEL.ROI_MASK_HEAD.NAME = "MaskRCNNConvUpsampleHead"
+# 3x3 convs before the 2x deconv, and their channels (4 x 256 -> 28x28 masks).
+_C.MODEL.ROI_MASK_HEAD.NUM_CONV = 4
+_C.MODEL.ROI_MASK_HEAD.CONV_DIM = 256
+# Normalization of the convs: "", "GN", "BN", "SyncBN".
+_C.MODEL.ROI_MASK_HEAD.NORM = ""
+# True: one mask for all classes; False: one mask per class (the box's class is used).
+_C.MODEL.ROI_MASK_HEAD.CLS_AGNOSTIC_MASK = False
+# Side of the pooled feature; masks come out at twice this (14 -> 28x28).
+_C.MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION = 14
+# ROIAlign samples per bin side; 0 = adaptive.
+_C.MODEL.ROI_MASK_HEAD.POOLER_SAMPLING_RATIO = 0
+# ROIAlign aligned=True (see ROI_BOX_HEAD.POOLER_ALIGNED).
+_C.MODEL.ROI_MASK_HEAD.POOLER_ALIGNED = True
+# How masks are pasted into the image at test: "grid_sample" (batched, on device) or
+# "torchvision" (per box, interpolate, as torchvision does).
+_C.MODEL.ROI_MASK_HEAD.PASTE_MODE = "grid_sample"
+
+# ---------------------------------------------------------------------------------------------
+# Input: resizing, flipping, batching
+# ---------------------------------------------------------------------------------------------
+_C.INPUT = CN()
+# Training short side(s), pixels; one is drawn per image (see MIN_SIZE_TRAIN_SAMPLING).
+_C.INPUT.MIN_SIZE_TRAIN = (800,)
+# "choice": pick one of MIN_SIZE_TRAIN; "range": uniform in [MIN_SIZE_TRAIN[0], [1]].
+_C.INPUT.MIN_SIZE_TRAIN_SAMPLING = "choice"
+# Training long side cap, pixels (the short side shrinks to respect it).
+_C.INPUT.MAX_SIZE_TRAIN = 1333
+# Test short side and long side cap, pixels; MIN_SIZE_TEST 0 disables resizing.
+_C.INPUT.MIN_SIZE_TEST = 800
+_C.INPUT.MAX_SIZE_TEST = 1333
+# Channel order the model sees: "BGR" or "RGB" (PIXEL_MEAN/STD follow it).
+_C.INPUT.FORMAT = "BGR"
+# How instance masks are carried through the data pipeline: "polygon" or "bitmask".
+_C.INPUT.MASK_FORMAT = "polygon"
+# Training flip augmentation: "none", "horizontal" or "vertical" (probability 0.5).
+_C.INPUT.RANDOM_FLIP = "horizontal"
+# Batched images are zero-padded to a multiple of this (32 = the coarsest FPN stride
+# before p6); 0 pads only to the largest image.
+_C.INPUT.SIZE_DIVISIBILITY = 32
+
+# ---------------------------------------------------------------------------------------------
+# Datasets and loading
+# ---------------------------------------------------------------------------------------------
+_C.DATASETS = CN()
+# Registered dataset names to train on / evaluate on.
+_C.DATASETS.TRAIN = ("shapes_train",)
+_C.DATASETS.TEST = ("shapes_val",)
+# Folder holding the datasets; "" means $DETCORE_DATASETS, else ./datasets.
+_C.DATASETS.ROOT = ""
+
+_C.DATALOADER = CN()
+# Data loading worker processes; 0 loads in the main process.
+_C.DATALOADER.NUM_WORKERS = 2
+# Batch wide images with wide ones and tall with tall (less padding).
+_C.DATALOADER.ASPECT_RATIO_GROUPING = True
+# Drop training images without any annotation.
+_C.DATALOADER.FILTER_EMPTY_ANNOTATIONS = True
+# Training sampler name: "TrainingSampler" (infinite shuffled stream).
+_C.DATALOADER.SAMPLER_TRAIN = "TrainingSampler"
+
+# ---------------------------------------------------------------------------------------------
+# Solver: SGD, LR schedule, checkpoints
+# ---------------------------------------------------------------------------------------------
+_C.SOLVER = CN()
+# Images per optimizer step, summed over all processes / GPUs.
+_C.SOLVER.IMS_PER_BATCH = 16
+# Learning rate for IMS_PER_BATCH images (linear scaling: halve both together).
+_C.SOLVER.BASE_LR = 0.02
+# SGD momentum, and whether to use Nesterov momentum.
+_C.SOLVER.MOMENTUM = 0.9
+_C.SOLVER.NESTEROV = False
+# L2 weight decay of weights, and of normalization layers' scale / shift.
+_C.SOLVER.WEIGHT_DECAY = 0.0001
+_C.SOLVER.WEIGHT_DECAY_NORM = 0.0
+# Learning rate multiplier for bias parameters.
+_C.SOLVER.BIAS_LR_FACTOR = 1.0
+# Training length, in iterations (optimizer steps).
+_C.SOLVER.MAX_ITER = 90000
+# Iterations at which the LR is multiplied by GAMMA (increasing).
+_C.SOLVER.STEPS = (60000, 80000)
+_C.SOLVER.GAMMA = 0.1
+# LR schedule name: "WarmupMultiStepLR" or "WarmupCosineLR".
+_C.SOLVER.LR_SCHEDULER_NAME = "WarmupMultiStepLR"
+# Warmup: the LR starts at BASE_LR * WARMUP_FACTOR and reaches BASE_LR after
+# WARMUP_ITERS iterations, "linear"ly or "constant" (jumps at the end).
+_C.SOLVER.WARMUP_FACTOR = 0.001
+_C.SOLVER.WARMUP_ITERS = 1000
+_C.SOLVER.WARMUP_METHOD = "linear"
+# Save a checkpoint every this many iterations (and at the end).
+_C.SOLVER.CHECKPOINT_PERIOD = 5000
+
+_C.SOLVER.CLIP_GRADIENTS = CN()
+# Gradient clipping before each step.
+_C.SOLVER.CLIP_GRADIENTS.ENABLED = False
+# "norm": clip the gradient norm of all parameters together; "value": clip each element.
+_C.SOLVER.CLIP_GRADIENTS.CLIP_TYPE = "norm"
+# Maximum norm (CLIP_TYPE "norm") or absolute value ("value").
+_C.SOLVER.CLIP_GRADIENTS.CLIP_VALUE = 1.0
+# p of the p-norm for CLIP_TYPE "norm": 2.0 is Euclidean, .inf (yaml) the max norm.
+_C.SOLVER.CLIP_GRADIENTS.NORM_TYPE = 2.0
+
+_C.SOLVER.AMP = CN()
+# Mixed precision training with torch.autocast (and a grad scaler for float16).
+_C.SOLVER.AMP.ENABLED = False
+# Autocast dtype: "float16" (CUDA) or "bfloat16" (CPU, or CUDA without a scaler).
+_C.SOLVER.AMP.DTYPE = "float16"
+
+# ---------------------------------------------------------------------------------------------
+# Test / evaluation
+# ---------------------------------------------------------------------------------------------
+_C.TEST = CN()
+# Detections kept per image after NMS (highest scores).
+_C.TEST.DETECTIONS_PER_IMAGE = 100
+# Evaluate on DATASETS.TEST every this many iterations during training; 0 = only at the end.
+_C.TEST.EVAL_PERIOD = 0
+
+# ---------------------------------------------------------------------------------------------
+# Misc
+# ---------------------------------------------------------------------------------------------
+# Folder for checkpoints, logs, metrics and the dumped config.
+_C.OUTPUT_DIR = "./output"
+# Random seed; negative draws a fresh one (and logs it).
+_C.SEED = -1
+# Log training metrics every this many iterations.
+_C.LOG_PERIOD = 20
+
+
+def get_cfg():
+    """A fresh, mutable copy of the defaults; changing it never touches the defaults."""
+    return _C.clone()

@@ -1,0 +1,59 @@
+// Autocast kernels: under torch.autocast the ops run in float32 (ROIAlign in half precision
+// loses too much, and the CPU kernels take float32/float64 only), and return the input's dtype.
+#include <ATen/autocast_mode.h>
+#include <torch/library.h>
+
+#include "dispatch.h"
+
+namespace detcore {
+namespace {
+
+template <c10::DispatchKey key, c10::DeviceType device>
+at::Tensor roi_align_autocast(
+    const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
+    int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
+  return call_roi_align(
+             at::autocast::cached_cast(at::kFloat, input, device),
+             at::autocast::cached_cast(at::kFloat, rois, device), spatial_scale, pooled_height,
+             pooled_width, sampling_ratio, aligned)
+      .to(input.scalar_type());
+}
+
+template <c10::DispatchKey key, c10::DeviceType device>
+at::Tensor nms_autocast(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
+  return call_nms(
+      at::autocast::cached_cast(at::kFloat, boxes, device),
+      at::autocast::cached_cast(at::kFloat, scores, device), iou_threshold);
+}
+
+template <c10::DispatchKey key, c10::DeviceType device>
+at::Tensor batched_nms_autocast(
+    const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs,
+    double iou_threshold) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
+  return call_batched_nms(
+      at::autocast::cached_cast(at::kFloat, boxes, device),
+      at::autocast::cached_cast(at::kFloat, scores, device), idxs, iou_threshold);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(detcore, Autocast, m) {
+  constexpr auto key = c10::DispatchKey::Autocast;
+  constexpr auto dev = c10::DeviceType::CUDA;
+  m.impl("roi_align", TORCH_FN((roi_align_autocast<key, dev>)));
+  m.impl("nms", TORCH_FN((nms_autocast<key, dev>)));
+  m.impl("batched_nms", TORCH_FN((batched_nms_autocast<key, dev>)));
+}
+
+TORCH_LIBRARY_IMPL(detcore, AutocastCPU, m) {
+  constexpr auto key = c10::DispatchKey::AutocastCPU;
+  constexpr auto dev = c10::DeviceType::CPU;
+  m.impl("roi_align", TORCH_FN((roi_align_autocast<key, dev>)));
+  m.impl("nms", TORCH_FN((nms_autocast<key, dev>)));
+  m.impl("batched_nms", TORCH_FN((batched_nms_autocast<key, dev>)));
+}
+
+}  // namespace detcore

@@ -1,0 +1,15 @@
+// Build facts of detcore._C: whether CUDA kernels were compiled, and for which GPU archs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace detcore {
+
+// CUDA runtime version this binary was compiled against (e.g. 13000), or 0 for a CPU-only build.
+int64_t cuda_version();
+
+// The archs the CUDA kernels were compiled for, as TORCH_CUDA_ARCH_LIST named them ("" if none).
+std::string cuda_arch_list();
+
+}  // namespace detcore

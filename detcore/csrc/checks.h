@@ -1,0 +1,113 @@
+// Argument checks shared by the CPU and CUDA kernels. Each failure names the argument and what
+// was expected, and is raised as a Python ValueError: bad input must never reach a kernel.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace detcore {
+
+inline void check_nms_inputs(const char* op, const at::Tensor& boxes, const at::Tensor& scores) {
+  TORCH_CHECK_VALUE(
+      boxes.dim() == 2 && boxes.size(1) == 4, op,
+      ": boxes must have shape [N, 4] (x1, y1, x2, y2), got ", boxes.sizes());
+  TORCH_CHECK_VALUE(scores.dim() == 1, op, ": scores must have shape [N], got ", scores.sizes());
+  TORCH_CHECK_VALUE(
+      boxes.size(0) == scores.size(0), op, ": boxes and scores must have the same length, got ",
+      boxes.size(0), " boxes and ", scores.size(0), " scores");
+  TORCH_CHECK_VALUE(
+      boxes.is_floating_point(), op, ": boxes must be a floating point tensor, got ",
+      boxes.scalar_type());
+  TORCH_CHECK_VALUE(
+      boxes.scalar_type() == scores.scalar_type(), op,
+      ": boxes and scores must have the same dtype, got ", boxes.scalar_type(), " and ",
+      scores.scalar_type());
+  TORCH_CHECK_VALUE(
+      boxes.device() == scores.device(), op, ": boxes and scores must be on the same device, got ",
+      boxes.device(), " and ", scores.device());
+}
+
+inline void check_batched_nms_inputs(
+    const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs) {
+  check_nms_inputs("batched_nms", boxes, scores);
+  TORCH_CHECK_VALUE(
+      idxs.dim() == 1 && idxs.size(0) == boxes.size(0),
+      "batched_nms: idxs must have shape [N] matching boxes, got ", idxs.sizes(), " for ",
+      boxes.size(0), " boxes");
+  TORCH_CHECK_VALUE(
+      !idxs.is_floating_point() && !idxs.is_complex() && idxs.scalar_type() != at::kBool,
+      "batched_nms: idxs must be an integer tensor of category ids, got ", idxs.scalar_type());
+  TORCH_CHECK_VALUE(
+      idxs.device() == boxes.device(), "batched_nms: idxs must be on the device of boxes, got ",
+      idxs.device(), " and ", boxes.device());
+}
+
+inline void check_roi_align_common(
+    const char* op, const at::Tensor& values, const at::Tensor& rois, int64_t pooled_height,
+    int64_t pooled_width, int64_t sampling_ratio) {
+  TORCH_CHECK_VALUE(
+      rois.dim() == 2 && rois.size(1) == 5, op,
+      ": rois must have shape [K, 5] (batch_index, x1, y1, x2, y2), got ", rois.sizes());
+  TORCH_CHECK_VALUE(
+      values.is_floating_point(), op, ": input must be a floating point tensor, got ",
+      values.scalar_type());
+  TORCH_CHECK_VALUE(
+      rois.scalar_type() == values.scalar_type(), op,
+      ": rois must have the dtype of input, got ", rois.scalar_type(), " and ",
+      values.scalar_type());
+  TORCH_CHECK_VALUE(
+      rois.device() == values.device(), op, ": rois must be on the device of input, got ",
+      rois.device(), " and ", values.device());
+  TORCH_CHECK_VALUE(
+      pooled_height > 0 && pooled_width > 0, op,
+      ": output_size must be positive, got (", pooled_height, ", ", pooled_width, ")");
+  TORCH_CHECK_VALUE(
+      sampling_ratio >= 0 || sampling_ratio == -1, op,
+      ": sampling_ratio must be > 0, or 0 / -1 for adaptive, got ", sampling_ratio);
+}
+
+// Every roi's batch index must name an image of the input: a bad one would read out of bounds.
+// On CUDA this costs one small reduction and a sync, which is cheap next to the kernel.
+inline void check_roi_batch_indices(const char* op, const at::Tensor& rois, int64_t batch_size) {
+  if (rois.size(0) == 0) {
+    return;
+  }
+  auto index = rois.select(1, 0);
+  auto bounds = at::aminmax(index);
+  double lo = std::get<0>(bounds).item<double>();
+  double hi = std::get<1>(bounds).item<double>();
+  TORCH_CHECK_VALUE(
+      lo >= 0 && hi < static_cast<double>(batch_size) && lo == lo && hi == hi, op,
+      ": rois[:, 0] must be batch indices in [0, ", batch_size, "), got values in [", lo, ", ",
+      hi, "]");
+}
+
+inline void check_roi_align_inputs(
+    const at::Tensor& input, const at::Tensor& rois, int64_t pooled_height, int64_t pooled_width,
+    int64_t sampling_ratio) {
+  TORCH_CHECK_VALUE(
+      input.dim() == 4, "roi_align: input must have shape [N, C, H, W], got ", input.sizes());
+  check_roi_align_common("roi_align", input, rois, pooled_height, pooled_width, sampling_ratio);
+  check_roi_batch_indices("roi_align", rois, input.size(0));
+}
+
+inline void check_roi_align_backward_inputs(
+    const at::Tensor& grad, const at::Tensor& rois, int64_t pooled_height, int64_t pooled_width,
+    int64_t batch_size, int64_t channels, int64_t height, int64_t width, int64_t sampling_ratio) {
+  TORCH_CHECK_VALUE(
+      batch_size >= 0 && channels >= 0 && height >= 0 && width >= 0,
+      "roi_align backward: the input shape must be non-negative, got [", batch_size, ", ",
+      channels, ", ", height, ", ", width, "]");
+  TORCH_CHECK_VALUE(
+      grad.dim() == 4 && grad.size(0) == rois.size(0) && grad.size(2) == pooled_height &&
+          grad.size(3) == pooled_width,
+      "roi_align backward: grad must have shape [K, C, ", pooled_height, ", ", pooled_width,
+      "] with K = number of rois (", rois.size(0), "), got ", grad.sizes());
+  TORCH_CHECK_VALUE(
+      grad.size(1) == channels, "roi_align backward: grad has ", grad.size(1),
+      " channels but the input had ", channels);
+  check_roi_align_common(
+      "roi_align backward", grad, rois, pooled_height, pooled_width, sampling_ratio);
+  check_roi_batch_indices("roi_align backward", rois, batch_size);
+}
+
+}  // namespace detcore

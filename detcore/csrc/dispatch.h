@@ -1,0 +1,52 @@
+// Typed calls of detcore's ops through the dispatcher, for kernels (autograd, autocast) that
+// re-enter an op below their own dispatch key.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace detcore {
+
+inline at::Tensor call_nms(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("detcore::nms", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double)>();
+  return op.call(boxes, scores, iou_threshold);
+}
+
+inline at::Tensor call_batched_nms(
+    const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs,
+    double iou_threshold) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("detcore::batched_nms", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>();
+  return op.call(boxes, scores, idxs, iou_threshold);
+}
+
+inline at::Tensor call_roi_align(
+    const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
+    int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("detcore::roi_align", "")
+                       .typed<at::Tensor(
+                           const at::Tensor&, const at::Tensor&, double, int64_t, int64_t,
+                           int64_t, bool)>();
+  return op.call(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned);
+}
+
+inline at::Tensor call_roi_align_backward(
+    const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
+    int64_t pooled_width, int64_t batch_size, int64_t channels, int64_t height, int64_t width,
+    int64_t sampling_ratio, bool aligned) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("detcore::_roi_align_backward", "")
+                       .typed<at::Tensor(
+                           const at::Tensor&, const at::Tensor&, double, int64_t, int64_t,
+                           int64_t, int64_t, int64_t, int64_t, int64_t, bool)>();
+  return op.call(
+      grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
+      sampling_ratio, aligned);
+}
+
+}  // namespace detcore

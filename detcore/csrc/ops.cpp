@@ -1,0 +1,27 @@
+// The schemas of detcore's operators. Kernels register themselves per backend in cpu/, cuda/,
+// autograd/; this file only says what the ops are, so torch.ops.detcore.* exists as soon as
+// detcore._C is loaded.
+#include <string>
+
+#include <torch/library.h>
+
+#include "build_info.h"
+
+namespace detcore {
+
+TORCH_LIBRARY(detcore, m) {
+  m.def("nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor");
+  m.def("batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor");
+  m.def(
+      "roi_align(Tensor input, Tensor rois, float spatial_scale, int pooled_height, "
+      "int pooled_width, int sampling_ratio, bool aligned) -> Tensor");
+  m.def(
+      "_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, "
+      "int pooled_width, int batch_size, int channels, int height, int width, "
+      "int sampling_ratio, bool aligned) -> Tensor");
+  // What this binary was built with, for collect_env and for clear errors.
+  m.def("_cuda_version() -> int", &cuda_version);
+  m.def("_cuda_arch_list() -> str", &cuda_arch_list);
+}
+
+}  // namespace detcore

@@ -1,0 +1,108 @@
+// The sampling geometry of ROIAlign, shared by the CPU and CUDA kernels so both compute the
+// same thing (torchvision's semantics: aligned shifts by half a pixel; unaligned rois are at
+// least 1x1; an adaptive grid uses ceil(roi_size / output_size) samples per bin side).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define DETCORE_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define DETCORE_HOST_DEVICE inline
+#endif
+
+namespace detcore {
+
+// Where one roi's bins lie in feature-map coordinates. T is the accumulation type.
+template <typename T>
+struct RoiGeometry {
+  int64_t batch;
+  T start_h, start_w;  // top-left corner of the roi
+  T bin_h, bin_w;      // size of one output bin
+  int grid_h, grid_w;  // samples per bin along each side
+  T count;             // grid_h * grid_w (at least 1): the average's divisor
+};
+
+template <typename T, typename R>
+DETCORE_HOST_DEVICE RoiGeometry<T> roi_geometry(
+    const R* roi, T spatial_scale, int64_t pooled_height, int64_t pooled_width,
+    int64_t sampling_ratio, bool aligned) {
+  RoiGeometry<T> g;
+  g.batch = static_cast<int64_t>(roi[0]);
+  const T offset = aligned ? T(0.5) : T(0);
+  g.start_w = static_cast<T>(roi[1]) * spatial_scale - offset;
+  g.start_h = static_cast<T>(roi[2]) * spatial_scale - offset;
+  T width = static_cast<T>(roi[3]) * spatial_scale - offset - g.start_w;
+  T height = static_cast<T>(roi[4]) * spatial_scale - offset - g.start_h;
+  if (!aligned) {  // legacy behaviour: force malformed rois to be 1x1
+    width = width > T(1) ? width : T(1);
+    height = height > T(1) ? height : T(1);
+  }
+  g.bin_h = height / static_cast<T>(pooled_height);
+  g.bin_w = width / static_cast<T>(pooled_width);
+  g.grid_h = sampling_ratio > 0 ? static_cast<int>(sampling_ratio)
+                                : static_cast<int>(ceil(height / static_cast<T>(pooled_height)));
+  g.grid_w = sampling_ratio > 0 ? static_cast<int>(sampling_ratio)
+                                : static_cast<int>(ceil(width / static_cast<T>(pooled_width)));
+  // A negative-size aligned roi gives a non-positive grid: it samples nothing (output 0).
+  if (g.grid_h < 0) g.grid_h = 0;
+  if (g.grid_w < 0) g.grid_w = 0;
+  const int n = g.grid_h * g.grid_w;
+  g.count = static_cast<T>(n > 1 ? n : 1);
+  return g;
+}
+
+// The four pixels a sample at (y, x) blends and their weights. Samples more than one pixel
+// outside the map contribute nothing (valid = false).
+template <typename T>
+struct BilinearTap {
+  int64_t y_low, x_low, y_high, x_high;
+  T w1, w2, w3, w4;  // weights of (y_low,x_low), (y_low,x_high), (y_high,x_low), (y_high,x_high)
+  bool valid;
+};
+
+template <typename T>
+DETCORE_HOST_DEVICE BilinearTap<T> bilinear_tap(int64_t height, int64_t width, T y, T x) {
+  BilinearTap<T> t;
+  if (y < T(-1) || y > static_cast<T>(height) || x < T(-1) || x > static_cast<T>(width)) {
+    t.valid = false;
+    t.y_low = t.x_low = t.y_high = t.x_high = 0;
+    t.w1 = t.w2 = t.w3 = t.w4 = T(0);
+    return t;
+  }
+  t.valid = true;
+  if (y <= T(0)) y = T(0);
+  if (x <= T(0)) x = T(0);
+  t.y_low = static_cast<int64_t>(y);
+  t.x_low = static_cast<int64_t>(x);
+  if (t.y_low >= height - 1) {
+    t.y_high = t.y_low = height - 1;
+    y = static_cast<T>(t.y_low);
+  } else {
+    t.y_high = t.y_low + 1;
+  }
+  if (t.x_low >= width - 1) {
+    t.x_high = t.x_low = width - 1;
+    x = static_cast<T>(t.x_low);
+  } else {
+    t.x_high = t.x_low + 1;
+  }
+  const T ly = y - static_cast<T>(t.y_low);
+  const T lx = x - static_cast<T>(t.x_low);
+  const T hy = T(1) - ly;
+  const T hx = T(1) - lx;
+  t.w1 = hy * hx;
+  t.w2 = hy * lx;
+  t.w3 = ly * hx;
+  t.w4 = ly * lx;
+  return t;
+}
+
+// Coordinate of sample i (of grid samples) inside bin b, along one axis.
+template <typename T>
+DETCORE_HOST_DEVICE T sample_coordinate(T start, T bin, int64_t b, int i, int grid) {
+  return start + static_cast<T>(b) * bin + (static_cast<T>(i) + T(0.5)) * bin / static_cast<T>(grid);
+}
+
+}  // namespace detcore

@@ -1,0 +1,22 @@
+"""detcore's layers: the compiled ops (NMS, ROIAlign) and the model's building blocks.
+
+The ops need only torch and detcore._C at run time (no torchvision).
+"""
+from .batch_norm import FrozenBatchNorm2d, get_norm
+from .conv import Conv2d, c2_msra_fill, c2_xavier_fill
+from .nms import batched_nms, nms
+from .roi_align import ROIAlign, roi_align
+from .shape_spec import ShapeSpec
+
+__all__ = [
+    "nms",
+    "batched_nms",
+    "roi_align",
+    "ROIAlign",
+    "FrozenBatchNorm2d",
+    "get_norm",
+    "Conv2d",
+    "c2_msra_fill",
+    "c2_xavier_fill",
+    "ShapeSpec",
+]

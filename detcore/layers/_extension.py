@@ -1,0 +1,85 @@
+"""Loads detcore._C (which registers torch.ops.detcore.*) and gives a clear error if it can't.
+
+Also registers the ops' fake (meta) kernels, which let torch.compile and other tracers reason
+about output shapes without running the kernels.
+"""
+import importlib
+import os
+
+import torch
+
+_BUILD_HINT = (
+    "Build it from the repository root with:\n"
+    "    pip install --no-build-isolation -e .\n"
+    "(needs torch installed first; CUDA kernels are added when nvcc is found and a GPU is "
+    "visible, or with FORCE_CUDA=1). Run `python -m detcore.utils.collect_env` for a report."
+)
+
+_load_error = None
+
+
+def _load():
+    global _load_error
+    try:
+        importlib.import_module("detcore._C")
+    except ImportError as e:  # missing build, or built against another torch (undefined symbol)
+        _load_error = e
+        return False
+    return True
+
+
+_loaded = _load()
+
+
+def ensure_loaded():
+    """Raise an error that says what to do if detcore._C is not usable."""
+    if _loaded:
+        return
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    reason = str(_load_error)
+    if "undefined symbol" in reason or "version" in reason.lower():
+        what = (
+            f"detcore._C in {package_dir} was built against a different PyTorch than the one "
+            f"running now (torch {torch.__version__}): {reason}\nRebuild it. "
+        )
+    else:
+        what = f"detcore's compiled extension detcore._C is not built or failed to load ({reason}).\n"
+    raise RuntimeError(what + _BUILD_HINT)
+
+
+def is_available():
+    return _loaded
+
+
+def cuda_kernels_built():
+    """Whether this build of _C carries CUDA kernels."""
+    return _loaded and torch.ops.detcore._cuda_version() > 0
+
+
+if _loaded:
+
+    @torch.library.register_fake("detcore::nms")
+    def _nms_fake(boxes, scores, iou_threshold):
+        torch._check(boxes.dim() == 2 and boxes.size(1) == 4, lambda: "nms: boxes must be [N, 4]")
+        torch._check(scores.dim() == 1, lambda: "nms: scores must be [N]")
+        kept = torch.library.get_ctx().new_dynamic_size()
+        return boxes.new_empty((kept,), dtype=torch.int64)
+
+    @torch.library.register_fake("detcore::batched_nms")
+    def _batched_nms_fake(boxes, scores, idxs, iou_threshold):
+        torch._check(boxes.dim() == 2 and boxes.size(1) == 4, lambda: "batched_nms: boxes must be [N, 4]")
+        kept = torch.library.get_ctx().new_dynamic_size()
+        return boxes.new_empty((kept,), dtype=torch.int64)
+
+    @torch.library.register_fake("detcore::roi_align")
+    def _roi_align_fake(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
+        torch._check(input.dim() == 4, lambda: "roi_align: input must be [N, C, H, W]")
+        torch._check(rois.dim() == 2 and rois.size(1) == 5, lambda: "roi_align: rois must be [K, 5]")
+        return input.new_empty((rois.size(0), input.size(1), pooled_height, pooled_width))
+
+    @torch.library.register_fake("detcore::_roi_align_backward")
+    def _roi_align_backward_fake(
+        grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
+        sampling_ratio, aligned,
+    ):
+        return grad.new_empty((batch_size, channels, height, width))

@@ -1,0 +1,37 @@
+"""Non-maximum suppression, drop-in for torchvision.ops.nms / batched_nms."""
+import torch
+from torch import Tensor
+
+from ._extension import ensure_loaded
+
+
+def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
+    """Greedy NMS.
+
+    Args:
+        boxes: Tensor[N, 4] of float (x1, y1, x2, y2) boxes, width = x2 - x1.
+        scores: Tensor[N] of the boxes' scores.
+        iou_threshold: a box is dropped when its IoU with a kept, higher-scoring box is
+            strictly greater than this.
+
+    Returns:
+        int64 Tensor of the kept boxes' indices, by decreasing score (ties: lower index first).
+    """
+    ensure_loaded()
+    return torch.ops.detcore.nms(boxes, scores, float(iou_threshold))
+
+
+def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
+    """NMS done independently per category: boxes of different `idxs` never suppress each other.
+
+    Args:
+        boxes: Tensor[N, 4] float (x1, y1, x2, y2).
+        scores: Tensor[N].
+        idxs: Tensor[N] of integer category ids.
+        iou_threshold: as in `nms`.
+
+    Returns:
+        int64 Tensor of kept indices, by decreasing score.
+    """
+    ensure_loaded()
+    return torch.ops.detcore.batched_nms(boxes, scores, idxs, float(iou_threshold))

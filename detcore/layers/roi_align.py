@@ -1,0 +1,86 @@
+"""ROIAlign, drop-in for torchvision.ops.roi_align / RoIAlign (forward and backward)."""
+from typing import List, Sequence, Union
+
+import torch
+from torch import Tensor, nn
+
+from ._extension import ensure_loaded
+
+
+def _pair(size) -> tuple:
+    if isinstance(size, int):
+        return (size, size)
+    size = tuple(int(s) for s in size)
+    if len(size) != 2:
+        raise ValueError(f"roi_align: output_size must be an int or (height, width), got {size}")
+    return size
+
+
+def convert_boxes_to_roi_format(boxes: Sequence[Tensor]) -> Tensor:
+    """A list of per-image Tensor[L_i, 4] boxes → Tensor[K, 5] rows (batch_index, x1, y1, x2, y2)."""
+    for i, b in enumerate(boxes):
+        if not isinstance(b, Tensor) or b.dim() != 2 or b.size(1) != 4:
+            shape = tuple(b.shape) if isinstance(b, Tensor) else type(b).__name__
+            raise ValueError(f"roi_align: boxes[{i}] must be a Tensor[L, 4], got {shape}")
+    if len(boxes) == 0:
+        raise ValueError("roi_align: boxes is an empty list; give one Tensor[L, 4] per image")
+    concat = torch.cat(list(boxes), dim=0)
+    index = torch.cat(
+        [torch.full((len(b), 1), i, dtype=concat.dtype, device=concat.device) for i, b in enumerate(boxes)]
+    )
+    return torch.cat([index, concat], dim=1)
+
+
+def roi_align(
+    input: Tensor,
+    boxes: Union[Tensor, List[Tensor]],
+    output_size,
+    spatial_scale: float = 1.0,
+    sampling_ratio: int = -1,
+    aligned: bool = False,
+) -> Tensor:
+    """Bilinearly pools each box of `boxes` from `input` into an `output_size` grid.
+
+    Args:
+        input: Tensor[N, C, H, W] feature maps.
+        boxes: Tensor[K, 5] of (batch_index, x1, y1, x2, y2), or a list of N Tensor[L_i, 4].
+            Coordinates are in the image frame; `spatial_scale` maps them onto `input`.
+        output_size: int or (height, width) of the pooled output.
+        spatial_scale: feature-map size / image size (e.g. 1/4 for stride 4).
+        sampling_ratio: samples per bin side; <= 0 picks ceil(roi size / output size) per roi.
+        aligned: shift boxes by -0.5 pixel so that pixel centers line up (use True for new models).
+
+    Returns:
+        Tensor[K, C, output_height, output_width].
+    """
+    ensure_loaded()
+    rois = boxes if isinstance(boxes, Tensor) else convert_boxes_to_roi_format(boxes)
+    if rois.dim() != 2 or rois.size(1) != 5:
+        raise ValueError(
+            f"roi_align: boxes must be a Tensor[K, 5] (batch_index, x1, y1, x2, y2) or a list of "
+            f"Tensor[L, 4], got a tensor of shape {tuple(rois.shape)}"
+        )
+    height, width = _pair(output_size)
+    return torch.ops.detcore.roi_align(
+        input, rois, float(spatial_scale), height, width, int(sampling_ratio), bool(aligned)
+    )
+
+
+class ROIAlign(nn.Module):
+    """nn.Module form of `roi_align` with fixed arguments."""
+
+    def __init__(self, output_size, spatial_scale: float, sampling_ratio: int, aligned: bool = False):
+        super().__init__()
+        self.output_size = _pair(output_size)
+        self.spatial_scale = float(spatial_scale)
+        self.sampling_ratio = int(sampling_ratio)
+        self.aligned = bool(aligned)
+
+    def forward(self, input: Tensor, rois: Union[Tensor, List[Tensor]]) -> Tensor:
+        return roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned)
+
+    def extra_repr(self) -> str:
+        return (
+            f"output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
+            f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}"
+        )

@@ -1,0 +1,29 @@
+"""BACKBONE_REGISTRY and build_backbone: pick a backbone builder by its config name."""
+from detcore.layers.shape_spec import ShapeSpec
+from detcore.utils.registry import Registry
+
+from .backbone import Backbone
+
+__all__ = ["BACKBONE_REGISTRY", "build_backbone"]
+
+# Backbone builders: functions f(cfg, input_shape) -> Backbone, selected by
+# cfg.MODEL.BACKBONE.NAME.
+BACKBONE_REGISTRY = Registry("BACKBONE")
+
+
+def build_backbone(cfg, input_shape=None):
+    """Build the backbone named by cfg.MODEL.BACKBONE.NAME.
+
+    `input_shape` (a ShapeSpec) defaults to one with as many channels as cfg.MODEL.PIXEL_MEAN
+    has entries (3 for RGB/BGR images).
+    """
+    if input_shape is None:
+        input_shape = ShapeSpec(channels=len(cfg.MODEL.PIXEL_MEAN))
+    builder = BACKBONE_REGISTRY.get(cfg.MODEL.BACKBONE.NAME)
+    backbone = builder(cfg, input_shape)
+    if not isinstance(backbone, Backbone):
+        raise TypeError(
+            f"backbone builder '{cfg.MODEL.BACKBONE.NAME}' returned {type(backbone).__name__}, "
+            "expected a detcore.modeling.backbone.Backbone"
+        )
+    return backbone

@@ -1,0 +1,333 @@
+"""ResNet and ResNeXt bodies for detection: a stem and the stages res2..res5.
+
+Parameter names mirror torchvision's `resnet*` / `resnext*`, so ImageNet checkpoints load by
+renaming prefixes only. The detectron2 layout (norm kept inside each conv) maps just as
+regularly:
+
+    torchvision                   detcore ResNet                 detectron2
+    conv1, bn1                    stem.conv1, stem.bn1           stem.conv1, stem.conv1.norm
+    layer{k}.{i}.conv{j}          res{k+1}.{i}.conv{j}           res{k+1}.{i}.conv{j}
+    layer{k}.{i}.bn{j}            res{k+1}.{i}.bn{j}             res{k+1}.{i}.conv{j}.norm
+    layer{k}.{i}.downsample.0     res{k+1}.{i}.downsample.0      res{k+1}.{i}.shortcut
+    layer{k}.{i}.downsample.1     res{k+1}.{i}.downsample.1      res{k+1}.{i}.shortcut.norm
+    fc                            (none: a body has no classifier)
+
+Each norm key holds weight, bias, running_mean, running_var (FrozenBatchNorm2d has the same
+keys as nn.BatchNorm2d). Where no norm is used (norm=""), the `bn*` slots are nn.Identity (no
+keys) and the convs get a bias instead.
+
+`stride_in_1x1` picks where a stage's first block downsamples: on its first 1×1 conv (the
+original MSRA / caffe2 models, detectron2's MSRA weights) or on the 3×3 conv (torchvision,
+"ResNet v1.5"). The two give different functions from the same weights, so it must match the
+checkpoint.
+"""
+from torch import nn
+
+from detcore.layers.batch_norm import FrozenBatchNorm2d, get_norm
+from detcore.layers.conv import c2_msra_fill
+
+from .backbone import Backbone
+from .build import BACKBONE_REGISTRY
+
+__all__ = ["BasicBlock", "BottleneckBlock", "BasicStem", "ResNet", "build_resnet_backbone"]
+
+# Blocks per stage (res2, res3, res4, res5) for each depth.
+_BLOCKS_PER_STAGE = {
+    18: (2, 2, 2, 2),
+    34: (3, 4, 6, 3),
+    50: (3, 4, 6, 3),
+    101: (3, 4, 23, 3),
+    152: (3, 8, 36, 3),
+}
+_STAGE_NAMES = ("res2", "res3", "res4", "res5")
+
+
+def _norm_or_identity(norm, channels):
+    layer = get_norm(norm, channels)
+    return nn.Identity() if layer is None else layer
+
+
+def _conv(in_channels, out_channels, kernel_size, norm, stride=1, dilation=1, groups=1):
+    # A conv followed by a norm needs no bias: the norm's shift replaces it.
+    return nn.Conv2d(
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=stride,
+        padding=dilation * (kernel_size - 1) // 2,
+        dilation=dilation,
+        groups=groups,
+        bias=not norm,  # norm is "" / None (no norm), a name, or a callable
+    )
+
+
+def _downsample(in_channels, out_channels, stride, norm):
+    """1×1 projection shortcut (+ norm), used where a block changes channels or resolution."""
+    layers = [_conv(in_channels, out_channels, 1, norm, stride=stride)]
+    norm_layer = get_norm(norm, out_channels)
+    if norm_layer is not None:
+        layers.append(norm_layer)
+    return nn.Sequential(*layers)
+
+
+class BasicBlock(nn.Module):
+    """Two 3×3 convs and a shortcut (ResNet-18/34). The first conv carries the stride."""
+
+    def __init__(self, in_channels, out_channels, *, stride=1, norm="FrozenBN"):
+        super().__init__()
+        self.conv1 = _conv(in_channels, out_channels, 3, norm, stride=stride)
+        self.bn1 = _norm_or_identity(norm, out_channels)
+        self.conv2 = _conv(out_channels, out_channels, 3, norm)
+        self.bn2 = _norm_or_identity(norm, out_channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or in_channels != out_channels:
+            self.downsample = _downsample(in_channels, out_channels, stride, norm)
+
+    @property
+    def last_norm(self):
+        return self.bn2
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        shortcut = x if self.downsample is None else self.downsample(x)
+        return self.relu(out + shortcut)
+
+
+class BottleneckBlock(nn.Module):
+    """1×1 reduce, 3×3 (grouped for ResNeXt, optionally dilated), 1×1 expand, plus shortcut."""
+
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        *,
+        bottleneck_channels,
+        stride=1,
+        num_groups=1,
+        norm="FrozenBN",
+        stride_in_1x1=False,
+        dilation=1,
+    ):
+        super().__init__()
+        stride_1x1, stride_3x3 = (stride, 1) if stride_in_1x1 else (1, stride)
+        self.conv1 = _conv(in_channels, bottleneck_channels, 1, norm, stride=stride_1x1)
+        self.bn1 = _norm_or_identity(norm, bottleneck_channels)
+        self.conv2 = _conv(
+            bottleneck_channels,
+            bottleneck_channels,
+            3,
+            norm,
+            stride=stride_3x3,
+            dilation=dilation,
+            groups=num_groups,
+        )
+        self.bn2 = _norm_or_identity(norm, bottleneck_channels)
+        self.conv3 = _conv(bottleneck_channels, out_channels, 1, norm)
+        self.bn3 = _norm_or_identity(norm, out_channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or in_channels != out_channels:
+            self.downsample = _downsample(in_channels, out_channels, stride, norm)
+
+    @property
+    def last_norm(self):
+        return self.bn3
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        shortcut = x if self.downsample is None else self.downsample(x)
+        return self.relu(out + shortcut)
+
+
+class BasicStem(nn.Module):
+    """7×7/2 conv, norm, ReLU, 3×3/2 max pool: stride 4 in total."""
+
+    def __init__(self, in_channels=3, out_channels=64, norm="FrozenBN"):
+        super().__init__()
+        self.out_channels = out_channels
+        self.stride = 4
+        self.conv1 = _conv(in_channels, out_channels, 7, norm, stride=2)
+        self.bn1 = _norm_or_identity(norm, out_channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+
+    def forward(self, x):
+        return self.maxpool(self.relu(self.bn1(self.conv1(x))))
+
+
+class ResNet(Backbone):
+    """ResNet / ResNeXt body returning a dict of the features named in `out_features`.
+
+    Args:
+        depth: 18, 34 (BasicBlock) or 50, 101, 152 (BottleneckBlock).
+        in_channels: channels of the input image.
+        out_features: names among "stem", "res2".."res5" to return. Stages after the last one
+            named are not built (e.g. ("res4",) builds a C4 body without res5).
+        num_groups, width_per_group: the 3×3 conv of res2 has num_groups * width_per_group
+            channels in num_groups groups (ResNet: 1 and 64; ResNeXt-101 32x8d: 32 and 8);
+            it doubles at each stage. Bottleneck depths only.
+        stem_out_channels: channels of the stem output.
+        res2_out_channels: output channels of res2, doubled at each stage. Default: 64 for
+            depth 18/34 (which allow nothing else), 256 otherwise.
+        stride_in_1x1: downsample on the 1×1 conv (MSRA/caffe2) instead of the 3×3 (torchvision).
+        norm: "FrozenBN", "BN", "SyncBN", "GN", "" (none) or a callable channels → module.
+        res5_dilation: 1, or 2 to keep res5 at stride 16 with dilated 3×3 convs.
+        freeze_at: 0 freezes nothing, 1 the stem, k >= 2 the stem and res2..res{k}. Frozen
+            parts get requires_grad=False and their batch norms become FrozenBatchNorm2d.
+        zero_init_residual: start the last norm of each block at weight 0, so every residual
+            branch starts as zero (helps training from scratch; "Bag of Tricks", Goyal et al.).
+    """
+
+    def __init__(
+        self,
+        depth=50,
+        *,
+        in_channels=3,
+        out_features=("res2", "res3", "res4", "res5"),
+        num_groups=1,
+        width_per_group=64,
+        stem_out_channels=64,
+        res2_out_channels=None,
+        stride_in_1x1=False,
+        norm="FrozenBN",
+        res5_dilation=1,
+        freeze_at=0,
+        zero_init_residual=False,
+    ):
+        super().__init__()
+        if depth not in _BLOCKS_PER_STAGE:
+            raise ValueError(
+                f"ResNet: depth must be one of {sorted(_BLOCKS_PER_STAGE)}, got {depth}"
+            )
+        out_features = list(out_features)
+        known = ("stem",) + _STAGE_NAMES
+        unknown = [name for name in out_features if name not in known]
+        if not out_features or unknown:
+            raise ValueError(
+                f"ResNet: out_features must be a non-empty subset of {list(known)}, "
+                f"got {out_features}"
+            )
+        if res5_dilation not in (1, 2):
+            raise ValueError(f"ResNet: res5_dilation must be 1 or 2, got {res5_dilation}")
+        if not 0 <= freeze_at <= 5:
+            raise ValueError(f"ResNet: freeze_at must be in 0..5, got {freeze_at}")
+        basic = depth in (18, 34)
+        if res2_out_channels is None:
+            res2_out_channels = 64 if basic else 256
+        if basic:
+            if res2_out_channels != 64:
+                raise ValueError(
+                    f"ResNet-{depth}: res2_out_channels (MODEL.RESNETS.RES2_OUT_CHANNELS) must "
+                    f"be 64, got {res2_out_channels}"
+                )
+            if num_groups != 1:
+                raise ValueError(
+                    f"ResNet-{depth}: num_groups must be 1 (BasicBlock), got {num_groups}"
+                )
+            if res5_dilation != 1:
+                raise ValueError(f"ResNet-{depth}: res5_dilation must be 1 (BasicBlock)")
+        if zero_init_residual and not norm:
+            raise ValueError("ResNet: zero_init_residual needs a norm layer, but norm is empty")
+
+        self.stem = BasicStem(in_channels, stem_out_channels, norm)
+        self._out_feature_channels = {"stem": stem_out_channels}
+        self._out_feature_strides = {"stem": self.stem.stride}
+
+        num_stages = max(known.index(name) for name in out_features)  # 0: stem only
+        self.stage_names = list(_STAGE_NAMES[:num_stages])
+        channels, stride = stem_out_channels, self.stem.stride
+        for i, name in enumerate(self.stage_names):
+            dilation = res5_dilation if name == "res5" else 1
+            first_stride = 1 if i == 0 or dilation > 1 else 2
+            out_channels = res2_out_channels * 2**i
+            blocks = []
+            for b in range(_BLOCKS_PER_STAGE[depth][i]):
+                block_stride = first_stride if b == 0 else 1
+                if basic:
+                    block = BasicBlock(channels, out_channels, stride=block_stride, norm=norm)
+                else:
+                    block = BottleneckBlock(
+                        channels,
+                        out_channels,
+                        bottleneck_channels=num_groups * width_per_group * 2**i,
+                        stride=block_stride,
+                        num_groups=num_groups,
+                        norm=norm,
+                        stride_in_1x1=stride_in_1x1,
+                        dilation=dilation,
+                    )
+                blocks.append(block)
+                channels = out_channels
+            self.add_module(name, nn.Sequential(*blocks))
+            stride *= first_stride
+            self._out_feature_channels[name] = out_channels
+            self._out_feature_strides[name] = stride
+        self._out_features = [name for name in known if name in out_features]
+        self.in_channels = in_channels
+
+        self._init_weights(zero_init_residual)
+        self.freeze(freeze_at)
+
+    def _init_weights(self, zero_init_residual):
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                c2_msra_fill(module)
+        if zero_init_residual:
+            for name in self.stage_names:
+                for block in getattr(self, name):
+                    nn.init.zeros_(block.last_norm.weight)
+
+    def freeze(self, freeze_at=0):
+        """Freeze the stem (freeze_at >= 1) and res2..res{freeze_at}: parameters stop requiring
+        grad and batch norms become FrozenBatchNorm2d. Returns self."""
+
+        def frozen(module):
+            for p in module.parameters():
+                p.requires_grad_(False)
+            return FrozenBatchNorm2d.convert_frozen_batchnorm(module)
+
+        if freeze_at >= 1:
+            self.stem = frozen(self.stem)
+        for k, name in enumerate(self.stage_names, start=2):
+            if freeze_at >= k:
+                self.add_module(name, frozen(getattr(self, name)))
+        return self
+
+    def forward(self, x):
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"ResNet: input x must have shape (N, {self.in_channels}, H, W), "
+                f"got {tuple(x.shape)}"
+            )
+        outputs = {}
+        x = self.stem(x)
+        if "stem" in self._out_features:
+            outputs["stem"] = x
+        for name in self.stage_names:
+            x = getattr(self, name)(x)
+            if name in self._out_features:
+                outputs[name] = x
+        return outputs
+
+
+@BACKBONE_REGISTRY.register()
+def build_resnet_backbone(cfg, input_shape):
+    """ResNet body from cfg.MODEL.RESNETS.* and cfg.MODEL.BACKBONE.FREEZE_AT."""
+    r = cfg.MODEL.RESNETS
+    return ResNet(
+        depth=r.DEPTH,
+        in_channels=input_shape.channels,
+        out_features=r.OUT_FEATURES,
+        num_groups=r.NUM_GROUPS,
+        width_per_group=r.WIDTH_PER_GROUP,
+        stem_out_channels=r.STEM_OUT_CHANNELS,
+        res2_out_channels=r.RES2_OUT_CHANNELS,
+        stride_in_1x1=r.STRIDE_IN_1X1,
+        norm=r.NORM,
+        res5_dilation=r.RES5_DILATION,
+        freeze_at=cfg.MODEL.BACKBONE.FREEZE_AT,
+    )

@@ -1,0 +1,21 @@
+"""Data types passed around the model: boxes, padded image batches, masks, per-image instances."""
+from .boxes import Boxes, pairwise_intersection, pairwise_ioa, pairwise_iou, xywh_to_xyxy, xyxy_to_xywh
+from .image_list import ImageList
+from .instances import Instances
+from .mask_paste import paste_masks_in_image
+from .masks import BitMasks, PolygonMasks, polygons_to_bitmask
+
+__all__ = [
+    "Boxes",
+    "pairwise_intersection",
+    "pairwise_iou",
+    "pairwise_ioa",
+    "xywh_to_xyxy",
+    "xyxy_to_xywh",
+    "ImageList",
+    "Instances",
+    "BitMasks",
+    "PolygonMasks",
+    "polygons_to_bitmask",
+    "paste_masks_in_image",
+]

@@ -1,0 +1,265 @@
+"""detcore.layers.nms against a plain-PyTorch greedy NMS and torchvision.ops.nms."""
+import pytest
+import torch
+
+from detcore.layers import nms
+
+try:
+    from .reference_ops import batched_nms_reference, distinct_scores, nms_reference, random_boxes
+except ImportError:  # tests/ run as rootdir-relative modules, without packages
+    from reference_ops import batched_nms_reference, distinct_scores, nms_reference, random_boxes
+
+try:
+    import torchvision
+except ImportError:  # detcore works without torchvision; only the comparisons to it skip
+    torchvision = None
+
+needs_torchvision = pytest.mark.skipif(torchvision is None, reason="torchvision not importable")
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _check(boxes, scores, iou_threshold):
+    """nms equals the reference (and torchvision, where it imports) exactly."""
+    got = nms(boxes, scores, iou_threshold)
+    assert got.dtype == torch.int64 and got.dim() == 1
+    expected = nms_reference(boxes, scores, iou_threshold)
+    assert torch.equal(got, expected), (got, expected)
+    if torchvision is not None:
+        assert torch.equal(got, torchvision.ops.nms(boxes, scores, iou_threshold))
+    return got
+
+
+def test_import_paths_are_the_same_function():
+    from detcore.layers.nms import nms as nms_from_module
+
+    assert nms_from_module is nms
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [2, 17, 300, 2000])
+@pytest.mark.parametrize("iou_threshold", [0.0, 0.3, 0.5, 0.7, 1.0])
+def test_random_boxes_match_reference(n, iou_threshold, dtype):
+    g = _gen(n)
+    boxes = random_boxes(n, g, dtype)
+    scores = distinct_scores(n, g, dtype)
+    _check(boxes, scores, iou_threshold)
+
+
+def test_empty_input_returns_empty_int64():
+    for dtype in (torch.float32, torch.float64):
+        got = nms(torch.zeros(0, 4, dtype=dtype), torch.zeros(0, dtype=dtype), 0.5)
+        assert got.shape == (0,) and got.dtype == torch.int64
+
+
+def test_one_box_is_kept():
+    boxes = torch.tensor([[1.0, 2.0, 3.0, 5.0]])
+    assert nms(boxes, torch.tensor([0.3]), 0.5).tolist() == [0]
+    assert nms(boxes, torch.tensor([0.3]), 0.0).tolist() == [0]
+
+
+def test_output_sorted_by_decreasing_score():
+    g = _gen(1)
+    boxes = random_boxes(500, g)
+    scores = distinct_scores(500, g)
+    keep = nms(boxes, scores, 0.5)
+    assert len(keep) > 1
+    assert bool((scores[keep][:-1] > scores[keep][1:]).all())
+
+
+def test_equal_scores_keep_input_order():
+    # Far-apart boxes, all kept: the output is 0..n-1, lower index first on ties.
+    boxes = torch.tensor([[10.0 * i, 0.0, 10.0 * i + 5, 5.0] for i in range(50)])
+    scores = torch.full((50,), 0.5)
+    assert nms(boxes, scores, 0.5).tolist() == list(range(50))
+    # Overlapping boxes with all-equal scores: the earlier box wins every tie.
+    g = _gen(2)
+    boxes = random_boxes(400, g, xy_max=300.0)
+    scores = torch.full((400,), 0.25)
+    got = nms(boxes, scores, 0.5)
+    assert torch.equal(got, nms_reference(boxes, scores, 0.5))
+    assert got[0] == 0 and bool((got[1:] > got[:-1]).all())
+
+
+def test_partial_ties_are_stable():
+    g = _gen(3)
+    boxes = random_boxes(600, g, xy_max=400.0)
+    scores = torch.randint(0, 8, (600,), generator=g).float() / 8  # many ties per value
+    got = nms(boxes, scores, 0.4)
+    assert torch.equal(got, nms_reference(boxes, scores, 0.4))
+
+
+def test_identical_boxes():
+    boxes = torch.tensor([[3.0, 4.0, 20.0, 30.0]]).repeat(6, 1)
+    scores = torch.tensor([0.1, 0.9, 0.3, 0.5, 0.7, 0.2])
+    assert nms(boxes, scores, 0.5).tolist() == [1]
+    assert nms(boxes, scores, 0.999).tolist() == [1]
+    # IoU is exactly 1, which is not > 1: nothing is suppressed, all come back by score.
+    assert nms(boxes, scores, 1.0).tolist() == [1, 4, 3, 2, 5, 0]
+
+
+def test_zero_area_and_negative_size_boxes():
+    g = _gen(4)
+    boxes = random_boxes(300, g, xy_max=200.0)
+    boxes[::5, 2] = boxes[::5, 0]  # zero width
+    boxes[1::5, 3] = boxes[1::5, 1]  # zero height
+    boxes[2::5, 2] = boxes[2::5, 0] - 7.0  # negative width
+    boxes[3::7, :2], boxes[3::7, 2:] = boxes[3::7, 2:].clone(), boxes[3::7, :2].clone()  # flipped
+    scores = distinct_scores(300, g)
+    for thr in (0.0, 0.5, 1.0):
+        _check(boxes, scores, thr)
+    # Degenerate boxes never suppress anything (IoU is 0 or 0/0) and are never suppressed.
+    points = torch.tensor([[5.0, 5.0, 5.0, 5.0], [5.0, 5.0, 5.0, 5.0], [5.0, 5.0, 9.0, 5.0]])
+    assert nms(points, torch.tensor([0.9, 0.8, 0.7]), 0.0).tolist() == [0, 1, 2]
+    inverted = torch.tensor([[10.0, 10.0, 0.0, 0.0], [10.0, 10.0, 0.0, 0.0]])
+    assert nms(inverted, torch.tensor([0.9, 0.8]), 0.0).tolist() == [0, 1]
+
+
+def test_iou_exactly_at_threshold_is_not_suppressed():
+    scores = torch.tensor([0.9, 0.8])
+    half = torch.tensor([[0.0, 0.0, 2.0, 1.0], [0.0, 0.0, 1.0, 1.0]])  # IoU exactly 0.5
+    quarter = torch.tensor([[0.0, 0.0, 10.0, 10.0], [0.0, 0.0, 5.0, 5.0]])  # IoU exactly 0.25
+    for dtype in (torch.float32, torch.float64):
+        s = scores.to(dtype)
+        assert nms(half.to(dtype), s, 0.5).tolist() == [0, 1]
+        assert nms(half.to(dtype), s, 0.49999).tolist() == [0]
+        assert nms(quarter.to(dtype), s, 0.25).tolist() == [0, 1]
+        assert nms(quarter.to(dtype), s, 0.2499).tolist() == [0]
+
+
+def test_threshold_compared_like_torchvision():
+    # IoU = 1/10. In float32 that is 0.100000001 > 0.1, so torchvision (which compares the float
+    # IoU to the double threshold) suppresses; in float64 it equals 0.1 and is kept.
+    boxes = torch.tensor([[0.0, 0.0, 10.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+    scores = torch.tensor([0.9, 0.8])
+    assert _check(boxes, scores, 0.1).tolist() == [0]
+    assert _check(boxes.double(), scores.double(), 0.1).tolist() == [0, 1]
+
+
+def test_threshold_zero_suppresses_any_overlap_but_not_touching():
+    boxes = torch.tensor(
+        [[0.0, 0.0, 10.0, 10.0], [10.0, 0.0, 20.0, 10.0], [9.99, 9.99, 30.0, 30.0]]
+    )
+    scores = torch.tensor([0.9, 0.8, 0.7])
+    assert _check(boxes, scores, 0.0).tolist() == [0, 1]
+
+
+def test_threshold_one_keeps_everything():
+    g = _gen(5)
+    boxes = random_boxes(200, g, xy_max=50.0)
+    scores = distinct_scores(200, g)
+    keep = _check(boxes, scores, 1.0)
+    assert torch.equal(keep, torch.argsort(scores, descending=True))
+
+
+def test_single_nan_score_matches_torchvision():
+    g = _gen(6)
+    boxes = random_boxes(100, g, xy_max=200.0)
+    scores = distinct_scores(100, g)
+    scores[37] = float("nan")  # torch.sort ranks NaN above every number
+    keep = _check(boxes, scores, 0.5)
+    assert keep[0] == 37
+
+
+def test_several_nan_scores_rank_first_in_input_order():
+    g = _gen(7)
+    boxes = random_boxes(100, g, xy_max=200.0)
+    scores = distinct_scores(100, g)
+    scores[[5, 60, 61]] = float("nan")
+    got = nms(boxes, scores, 0.5)
+    assert torch.equal(got, nms_reference(boxes, scores, 0.5))
+
+
+def test_float64_is_computed_in_float64():
+    # At x ~ 1e8 float32 cannot tell these boxes' corners apart; float64 sees IoU = 12/20 = 0.6.
+    boxes = torch.tensor([[1e8, 0.0, 1e8 + 4, 4.0], [1e8 + 1, 0.0, 1e8 + 5, 4.0]], dtype=torch.float64)
+    scores = torch.tensor([0.9, 0.8], dtype=torch.float64)
+    assert nms(boxes, scores, 0.5).tolist() == [0]
+    assert nms(boxes, scores, 0.6).tolist() == [0, 1]
+    assert nms(boxes, scores, 0.59).tolist() == [0]
+
+
+def test_non_contiguous_inputs():
+    g = _gen(8)
+    boxes = random_boxes(700, g, xy_max=300.0)
+    scores = distinct_scores(700, g)
+    expected = nms_reference(boxes, scores, 0.5)
+    column_major = boxes.t().contiguous().t()
+    row_stride_8 = torch.cat([boxes, torch.zeros(700, 4)], dim=1)[:, :4]
+    at_offset = torch.stack([boxes + 1, boxes], dim=0)[1]
+    every_other_score = torch.stack([-scores, scores], dim=1)[:, 1]
+    assert not column_major.is_contiguous() and not row_stride_8.is_contiguous()
+    assert not every_other_score.is_contiguous()
+    assert torch.equal(nms(column_major, every_other_score, 0.5), expected)
+    assert torch.equal(nms(row_stride_8, scores, 0.5), expected)
+    assert torch.equal(nms(at_offset, every_other_score, 0.5), expected)
+
+
+def test_inputs_are_not_modified():
+    g = _gen(9)
+    boxes = random_boxes(300, g)
+    scores = distinct_scores(300, g)
+    boxes_before, scores_before = boxes.clone(), scores.clone()
+    nms(boxes, scores, 0.5)
+    assert torch.equal(boxes, boxes_before) and torch.equal(scores, scores_before)
+
+
+def test_huge_n():
+    g = _gen(10)
+    boxes = random_boxes(20000, g)
+    scores = distinct_scores(20000, g)
+    keep = nms(boxes, scores, 0.5)
+    if torchvision is not None:
+        assert torch.equal(keep, torchvision.ops.nms(boxes, scores, 0.5))
+    else:
+        assert torch.equal(keep, nms_reference(boxes, scores, 0.5))
+
+
+@pytest.mark.slow
+def test_100k_boxes_in_separate_tiles():
+    # Boxes in far-apart tiles never overlap across tiles, so NMS of all of them is the per-tile
+    # NMS merged by score: the per-category reference with tile ids stays cheap at this size.
+    g = _gen(11)
+    n, side = 100000, 15
+    boxes = random_boxes(n, g)
+    tile = torch.randint(0, side * side, (n,), generator=g)
+    offset = torch.stack([tile % side, tile // side], dim=1).float() * 1500.0
+    boxes = boxes + offset.repeat(1, 2)
+    scores = distinct_scores(n, g)
+    assert torch.equal(nms(boxes, scores, 0.5), batched_nms_reference(boxes, scores, tile, 0.5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_on_cpu_is_handled_or_named(dtype):
+    g = _gen(12)
+    boxes = random_boxes(100, g, xy_max=200.0, wh_range=(10.0, 60.0)).round()
+    scores = distinct_scores(100, g)
+    try:
+        got = nms(boxes.to(dtype), scores.to(dtype), 0.5)
+    except (ValueError, RuntimeError, TypeError) as err:
+        assert str(dtype).split(".")[-1] in str(err).lower() or "half" in str(err).lower()
+        return
+    # Integer boxes below 256 are exact in both dtypes; scores keep their order.
+    assert torch.equal(got, nms_reference(boxes, scores, 0.5))
+
+
+def _raises(match, *args):
+    with pytest.raises((ValueError, RuntimeError), match=match):
+        nms(*args)
+
+
+def test_bad_shapes_name_the_argument():
+    boxes, scores = torch.rand(5, 4), torch.rand(5)
+    _raises("boxes", torch.rand(5, 3), scores, 0.5)
+    _raises("boxes", torch.rand(20), torch.rand(5), 0.5)
+    _raises("boxes", torch.rand(5, 4, 1), scores, 0.5)
+    _raises("scores", boxes, torch.rand(5, 1), 0.5)
+    _raises("scores", boxes, torch.rand(6), 0.5)  # length mismatch
+
+
+def test_bad_dtypes_name_the_argument():
+    _raises("boxes", torch.randint(0, 5, (5, 4)), torch.rand(5), 0.5)
+    _raises("scores", torch.rand(5, 4), torch.rand(5).double(), 0.5)
+    _raises("boxes", torch.rand(5, 4, dtype=torch.complex64), torch.rand(5), 0.5)

@@ -1,0 +1,161 @@
+"""CUDA kernels against the CPU ones: identical NMS, ROIAlign forward/backward within tolerance.
+
+Half and bfloat16 have no CPU kernel; the CUDA kernels compute them in float32, so they are
+compared with the CPU float32 kernel on the same (upcast, exactly) values.
+"""
+import pytest
+import torch
+
+from detcore.layers import batched_nms, nms, roi_align
+from detcore.layers import _extension
+
+try:
+    from .reference_ops import distinct_scores, random_boxes
+except ImportError:  # tests/ run as rootdir-relative modules, without packages
+    from reference_ops import distinct_scores, random_boxes
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(
+        not (_extension.is_available() and _extension.cuda_kernels_built()),
+        reason="detcore._C was built without CUDA kernels",
+    ),
+]
+
+ALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+ROI_TOL = {
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float64: dict(atol=1e-10, rtol=1e-10),
+    torch.float16: dict(atol=5e-3, rtol=5e-3),
+    torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
+}
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _cpu_dtype(dtype):
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _nms_inputs(n, seed, dtype, num_classes=1):
+    g = _gen(seed)
+    boxes = random_boxes(n, g, xy_max=1000.0).to(dtype)
+    # Rounding to half / bfloat16 makes some scores equal; both devices break ties by index.
+    scores = distinct_scores(n, g, torch.float64).to(dtype)
+    idxs = torch.randint(0, num_classes, (n,), generator=g)
+    return boxes, scores, idxs
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("n", [0, 1, 100, 1000, 5000])
+@pytest.mark.parametrize("iou_threshold", [0.0, 0.5, 0.7, 1.0])
+def test_nms_cuda_equals_cpu(n, dtype, iou_threshold):
+    boxes, scores, _ = _nms_inputs(n, seed=n, dtype=dtype)
+    got = nms(boxes.cuda(), scores.cuda(), iou_threshold)
+    assert got.device.type == "cuda" and got.dtype == torch.int64
+    cpu = _cpu_dtype(dtype)
+    expected = nms(boxes.to(cpu), scores.to(cpu), iou_threshold)
+    assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("n,num_classes", [(300, 3), (6000, 20), (20000, 80)])
+def test_batched_nms_cuda_equals_cpu(n, num_classes, dtype):
+    boxes, scores, idxs = _nms_inputs(n, seed=n + 1, dtype=dtype, num_classes=num_classes)
+    got = batched_nms(boxes.cuda(), scores.cuda(), idxs.cuda(), 0.5)
+    assert got.device.type == "cuda" and got.dtype == torch.int64
+    cpu = _cpu_dtype(dtype)
+    assert torch.equal(got.cpu(), batched_nms(boxes.to(cpu), scores.to(cpu), idxs, 0.5))
+
+
+def test_nms_cuda_large_and_ties():
+    boxes, scores, _ = _nms_inputs(100000, seed=2, dtype=torch.float32)
+    assert torch.equal(nms(boxes.cuda(), scores.cuda(), 0.7).cpu(), nms(boxes, scores, 0.7))
+    tied = torch.full((3000,), 0.5)
+    assert torch.equal(nms(boxes[:3000].cuda(), tied.cuda(), 0.5).cpu(), nms(boxes[:3000], tied, 0.5))
+
+
+def test_nms_cuda_non_contiguous():
+    boxes, scores, idxs = _nms_inputs(2000, seed=3, dtype=torch.float32, num_classes=4)
+    b = boxes.cuda().t().contiguous().t()
+    s = torch.stack([scores, scores], 1).cuda()[:, 1]
+    assert not b.is_contiguous() and not s.is_contiguous()
+    assert torch.equal(nms(b, s, 0.5).cpu(), nms(boxes, scores, 0.5))
+    assert torch.equal(batched_nms(b, s, idxs.cuda(), 0.5).cpu(), batched_nms(boxes, scores, idxs, 0.5))
+
+
+def _roi_inputs(seed, dtype, k=200):
+    g = _gen(seed)
+    features = torch.randn(2, 8, 25, 42, generator=g)
+    boxes = random_boxes(k, g, xy_max=1344.0, wh_range=(-10.0, 300.0))
+    boxes[:, 1::2] *= 800 / 1344  # y in [0, 800]
+    rois = torch.cat([(torch.arange(k) % 2).float()[:, None], boxes], dim=1)
+    # The values the CUDA kernel sees, upcast exactly for the CPU kernel.
+    features, rois = features.to(dtype), rois.to(dtype)
+    return features, rois
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("sampling_ratio", [0, 2])
+def test_roi_align_cuda_equals_cpu(dtype, aligned, sampling_ratio):
+    features, rois = _roi_inputs(4, dtype)
+    args = ((7, 6), 1 / 32, sampling_ratio, aligned)
+    cpu = _cpu_dtype(dtype)
+    x_cpu = features.to(cpu).requires_grad_(True)
+    out_cpu = roi_align(x_cpu, rois.to(cpu), *args)
+    grad_out = torch.randn(out_cpu.shape, generator=_gen(5)).to(dtype)
+    out_cpu.backward(grad_out.to(cpu))
+
+    x_cuda = features.cuda().requires_grad_(True)
+    out_cuda = roi_align(x_cuda, rois.cuda(), *args)
+    assert out_cuda.device.type == "cuda" and out_cuda.dtype == dtype
+    out_cuda.backward(grad_out.cuda())
+    assert x_cuda.grad.dtype == dtype
+    tol = ROI_TOL[dtype]
+    torch.testing.assert_close(out_cuda.cpu().to(cpu), out_cpu.detach(), **tol)
+    torch.testing.assert_close(x_cuda.grad.cpu().to(cpu), x_cpu.grad, **tol)
+
+
+def test_roi_align_cuda_non_contiguous_and_empty():
+    features, rois = _roi_inputs(6, torch.float32, k=50)
+    x = features.cuda().to(memory_format=torch.channels_last)
+    expected = roi_align(features, rois, 5, 1 / 32, 2, True)
+    torch.testing.assert_close(roi_align(x, rois.cuda(), 5, 1 / 32, 2, True).cpu(), expected)
+    x = features.cuda().requires_grad_(True)
+    out = roi_align(x, rois.cuda()[:0], 5, 1 / 32, 2, True)
+    assert out.shape == (0, 8, 5, 5)
+    out.sum().backward()
+    assert bool((x.grad == 0).all())
+
+
+def test_roi_align_cuda_autocast():
+    features, rois = _roi_inputs(7, torch.float32, k=60)
+    expected = roi_align(features, rois, 7, 1 / 32, 2, True)
+    with torch.autocast("cuda", dtype=torch.float16):
+        out = roi_align(features.cuda(), rois.cuda(), 7, 1 / 32, 2, True)
+        half_out = roi_align(features.cuda().half(), rois.cuda(), 7, 1 / 32, 2, True)
+    assert out.dtype == torch.float32 and half_out.dtype == torch.float16
+    torch.testing.assert_close(out.cpu(), expected)
+    torch.testing.assert_close(half_out.cpu().float(), expected, atol=5e-3, rtol=5e-3)
+
+
+def test_device_mix_names_the_argument():
+    boxes, scores, idxs = _nms_inputs(10, seed=8, dtype=torch.float32)
+    with pytest.raises((ValueError, RuntimeError), match="device"):
+        nms(boxes.cuda(), scores, 0.5)
+    with pytest.raises((ValueError, RuntimeError), match="idxs"):
+        batched_nms(boxes.cuda(), scores.cuda(), idxs, 0.5)
+    features, rois = _roi_inputs(9, torch.float32, k=5)
+    with pytest.raises((ValueError, RuntimeError), match="rois"):
+        roi_align(features.cuda(), rois, 2, 1 / 32, 2, True)
+
+
+def test_bad_batch_index_on_cuda_names_rois():
+    features, rois = _roi_inputs(10, torch.float32, k=5)
+    rois[3, 0] = 2  # the batch has 2 images
+    with pytest.raises((ValueError, RuntimeError), match="rois"):
+        roi_align(features.cuda(), rois.cuda(), 2, 1 / 32, 2, True)

@@ -1,0 +1,271 @@
+"""detcore.layers.roi_align (forward and backward) against a plain-PyTorch reference and torchvision."""
+import pytest
+import torch
+
+from detcore.layers import ROIAlign, roi_align
+
+try:
+    from .reference_ops import boxes_to_rois, roi_align_reference
+except ImportError:  # tests/ run as rootdir-relative modules, without packages
+    from reference_ops import boxes_to_rois, roi_align_reference
+
+try:
+    import torchvision
+except ImportError:  # detcore works without torchvision; only the comparisons to it skip
+    torchvision = None
+
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float64: dict(atol=1e-10, rtol=1e-10)}
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _features(shape, seed, dtype=torch.float32):
+    return torch.randn(shape, generator=_gen(seed), dtype=torch.float64).to(dtype)
+
+
+def _rois(k, batch, image_hw, seed, dtype=torch.float32, min_size=-2.0):
+    """k rois in image coordinates: some partly or wholly outside, a few empty or inverted."""
+    g = _gen(seed)
+    h, w = image_hw
+    x1 = torch.rand(k, generator=g, dtype=torch.float64) * 1.3 * w - 0.2 * w
+    y1 = torch.rand(k, generator=g, dtype=torch.float64) * 1.3 * h - 0.2 * h
+    bw = min_size + torch.rand(k, generator=g, dtype=torch.float64) * (0.6 * w - min_size)
+    bh = min_size + torch.rand(k, generator=g, dtype=torch.float64) * (0.6 * h - min_size)
+    index = torch.randint(0, batch, (k,), generator=g).to(torch.float64)
+    return torch.stack([index, x1, y1, x1 + bw, y1 + bh], dim=1).to(dtype)
+
+
+def _forward_backward(fn, x, rois, grad_out, **kwargs):
+    x = x.detach().clone().requires_grad_(True)
+    out = fn(x, rois, **kwargs)
+    out.backward(grad_out)
+    return out.detach(), x.grad
+
+
+def _compare(x, rois, output_size, spatial_scale, sampling_ratio, aligned, seed=0):
+    """Forward and input gradient equal the reference's (and torchvision's, where it imports)."""
+    kwargs = dict(
+        output_size=output_size,
+        spatial_scale=spatial_scale,
+        sampling_ratio=sampling_ratio,
+        aligned=aligned,
+    )
+    tol = TOL[x.dtype]
+    out = roi_align(x, rois, **kwargs)
+    ref = roi_align_reference(x, rois, **kwargs)
+    assert out.shape == ref.shape and out.dtype == x.dtype
+    torch.testing.assert_close(out, ref, **tol)
+
+    grad_out = torch.randn(ref.shape, generator=_gen(seed + 1), dtype=torch.float64).to(x.dtype)
+    _, grad = _forward_backward(roi_align, x, rois, grad_out, **kwargs)
+    _, ref_grad = _forward_backward(roi_align_reference, x, rois, grad_out, **kwargs)
+    torch.testing.assert_close(grad, ref_grad, **tol)
+    if torchvision is not None:
+        tv_out, tv_grad = _forward_backward(torchvision.ops.roi_align, x, rois, grad_out, **kwargs)
+        torch.testing.assert_close(out, tv_out, **tol)
+        torch.testing.assert_close(grad, tv_grad, **tol)
+    return out
+
+
+def test_import_paths_are_the_same_objects():
+    from detcore.layers.roi_align import ROIAlign as module_cls
+    from detcore.layers.roi_align import roi_align as module_fn
+
+    assert module_fn is roi_align and module_cls is ROIAlign
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("spatial_scale", [1.0, 0.5, 0.25])
+@pytest.mark.parametrize("sampling_ratio", [-1, 0, 2])
+@pytest.mark.parametrize("aligned", [False, True])
+def test_matches_reference(aligned, sampling_ratio, spatial_scale, dtype):
+    x = _features((2, 3, 11, 14), seed=1, dtype=dtype)
+    image_hw = (11 / spatial_scale, 14 / spatial_scale)
+    rois = _rois(24, 2, image_hw, seed=2, dtype=dtype)
+    _compare(x, rois, (3, 4), spatial_scale, sampling_ratio, aligned)
+
+
+@pytest.mark.parametrize("output_size", [1, 7, (2, 5), (5, 2)])
+def test_output_sizes(output_size):
+    x = _features((1, 2, 16, 16), seed=3)
+    rois = _rois(10, 1, (16, 16), seed=4)
+    out = _compare(x, rois, output_size, 1.0, 2, True)
+    h, w = (output_size, output_size) if isinstance(output_size, int) else output_size
+    assert out.shape == (10, 2, h, w)
+
+
+@pytest.mark.parametrize("sampling_ratio", [1, 3, 5])
+def test_other_fixed_sampling_ratios(sampling_ratio):
+    x = _features((1, 4, 9, 9), seed=5, dtype=torch.float64)
+    rois = _rois(12, 1, (9, 9), seed=6, dtype=torch.float64)
+    _compare(x, rois, 3, 1.0, sampling_ratio, False)
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_rois_outside_the_image(aligned):
+    x = _features((1, 2, 8, 8), seed=7)
+    rois = torch.tensor(
+        [
+            [0, -50.0, -50.0, -20.0, -20.0],  # wholly above-left: nothing sampled
+            [0, 30.0, 30.0, 60.0, 60.0],  # wholly below-right
+            [0, -3.0, -3.0, 4.0, 4.0],  # straddles the top-left corner
+            [0, 5.0, -2.0, 9.5, 8.5],  # straddles the right edge
+            [0, -1.0, -1.0, 9.0, 9.0],  # a bit larger than the map
+        ]
+    )
+    out = _compare(x, rois, 2, 1.0, 2, aligned)
+    assert bool((out[:2] == 0).all())
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("sampling_ratio", [0, 2])
+def test_zero_and_negative_size_rois(aligned, sampling_ratio):
+    x = _features((2, 3, 10, 10), seed=8)
+    rois = torch.tensor(
+        [
+            [0, 3.0, 3.0, 3.0, 3.0],  # a point
+            [1, 2.5, 4.0, 2.5, 8.0],  # zero width
+            [0, 1.0, 6.0, 9.0, 6.0],  # zero height
+            [1, 7.0, 7.0, 2.0, 2.0],  # inverted
+            [0, 6.0, 1.0, 4.0, 8.0],  # negative width only
+            [1, 4.25, 4.75, 4.5, 5.0],  # tiny but positive
+        ]
+    )
+    _compare(x, rois, (2, 3), 1.0, sampling_ratio, aligned)
+
+
+def test_rois_on_the_last_batch_index():
+    x = _features((4, 2, 9, 12), seed=9)
+    rois = _rois(8, 4, (9, 12), seed=10)
+    rois[:, 0] = 3
+    out = _compare(x, rois, 3, 1.0, 2, True)
+    # The last image alone gives the same answer: nothing was read from the others.
+    only_last = rois.clone()
+    only_last[:, 0] = 0
+    torch.testing.assert_close(out, roi_align(x[3:], only_last, 3, 1.0, 2, True), **TOL[x.dtype])
+
+
+def test_list_of_boxes_equals_tensor_rois():
+    x = _features((3, 2, 10, 13), seed=11)
+    g = _gen(12)
+    boxes = [torch.rand(n, 2, generator=g) * 8 for n in (4, 0, 6)]
+    boxes = [torch.cat([b, b + 1 + torch.rand(b.shape, generator=g) * 4], dim=1) for b in boxes]
+    rois = boxes_to_rois(boxes)
+    assert rois[:, 0].tolist() == [0.0] * 4 + [2.0] * 6
+    from_list = roi_align(x, boxes, (2, 2), 0.5, 2, True)
+    from_tensor = roi_align(x, rois, (2, 2), 0.5, 2, True)
+    assert torch.equal(from_list, from_tensor)
+    torch.testing.assert_close(from_list, roi_align_reference(x, rois, (2, 2), 0.5, 2, True))
+    if torchvision is not None:
+        torch.testing.assert_close(from_list, torchvision.ops.roi_align(x, boxes, (2, 2), 0.5, 2, True))
+
+
+def test_empty_rois_forward_and_backward():
+    x = _features((2, 3, 6, 7), seed=13).requires_grad_(True)
+    for rois in (torch.zeros(0, 5), [torch.zeros(0, 4), torch.zeros(0, 4)]):
+        out = roi_align(x, rois, (4, 5), 1.0, 2, True)
+        assert out.shape == (0, 3, 4, 5) and out.dtype == torch.float32
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        assert grad.shape == x.shape and bool((grad == 0).all())
+
+
+def test_non_contiguous_input_rois_and_grad():
+    x = _features((2, 4, 9, 11), seed=14)
+    rois = _rois(10, 2, (18, 22), seed=15)
+    kwargs = dict(output_size=(3, 3), spatial_scale=0.5, sampling_ratio=-1, aligned=True)
+    channels_last = x.to(memory_format=torch.channels_last)
+    transposed = x.transpose(2, 3).contiguous().transpose(2, 3)
+    rois_nc = torch.cat([rois, rois], dim=1)[:, :5]
+    assert not channels_last.is_contiguous() and not transposed.is_contiguous()
+    assert not rois_nc.is_contiguous()
+    grad_out = torch.randn(3, 3, 10, 4, generator=_gen(16)).permute(2, 3, 1, 0)
+    assert grad_out.shape == (10, 4, 3, 3) and not grad_out.is_contiguous()
+
+    ref_out, ref_grad = _forward_backward(roi_align_reference, x, rois, grad_out.contiguous(), **kwargs)
+    for features in (channels_last, transposed):
+        out, grad = _forward_backward(roi_align, features, rois_nc, grad_out, **kwargs)
+        torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("sampling_ratio", [0, 2])
+def test_gradcheck(aligned, sampling_ratio):
+    # roi_align is linear in its input, so gradcheck over the input is well posed; the roi
+    # corners are chosen off the pixel grid so no sample sits on a bilinear kink either.
+    x = _features((2, 2, 5, 6), seed=17, dtype=torch.float64).requires_grad_(True)
+    rois = torch.tensor(
+        [[0, 0.3, 0.6, 4.7, 3.9], [1, 1.15, 0.35, 3.55, 4.45], [1, -0.7, 2.2, 2.9, 5.6]],
+        dtype=torch.float64,
+    )
+    fn = lambda t: roi_align(t, rois, (2, 3), 1.0, sampling_ratio, aligned)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x,))
+
+
+def test_roialign_module():
+    x = _features((2, 3, 10, 10), seed=18)
+    rois = _rois(6, 2, (40, 40), seed=19)
+    module = ROIAlign((2, 3), spatial_scale=0.25, sampling_ratio=2, aligned=True)
+    assert torch.equal(module(x, rois), roi_align(x, rois, (2, 3), 0.25, 2, True))
+    assert isinstance(module, torch.nn.Module)
+    legacy = ROIAlign(4, 0.25, 0)
+    torch.testing.assert_close(legacy(x, rois), roi_align_reference(x, rois, 4, 0.25, 0, False))
+    text = repr(module)
+    assert "spatial_scale=0.25" in text and "aligned=True" in text
+
+
+def test_inputs_are_not_modified():
+    x = _features((1, 2, 8, 8), seed=20)
+    rois = _rois(5, 1, (8, 8), seed=21)
+    x_before, rois_before = x.clone(), rois.clone()
+    roi_align(x, rois, 2, 1.0, 2, True)
+    assert torch.equal(x, x_before) and torch.equal(rois, rois_before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_on_cpu_is_handled_or_named(dtype):
+    x = _features((1, 2, 8, 8), seed=22)
+    rois = torch.tensor([[0, 1.0, 1.0, 6.0, 5.0], [0, 0.0, 2.0, 4.0, 7.0]])
+    try:
+        out = roi_align(x.to(dtype), rois.to(dtype), 2, 1.0, 2, True)
+    except (ValueError, RuntimeError, TypeError) as err:
+        message = str(err).lower()
+        assert str(dtype).split(".")[-1] in message or "half" in message
+        return
+    expected = roi_align_reference(x.to(dtype).float(), rois, 2, 1.0, 2, True)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def _raises(match, *args, **kwargs):
+    with pytest.raises((ValueError, RuntimeError), match=match):
+        roi_align(*args, **kwargs)
+
+
+def test_bad_input_names_the_argument():
+    x = torch.rand(2, 3, 8, 8)
+    rois = torch.tensor([[0, 1.0, 1.0, 5.0, 5.0]])
+    _raises("rois|boxes", x, torch.rand(3, 4), 2)  # a tensor needs the batch index column
+    _raises("rois|boxes", x, torch.rand(3, 5, 1), 2)
+    _raises("input", torch.rand(3, 8, 8), rois, 2)
+    _raises("input", torch.randint(0, 5, (2, 3, 8, 8)), rois.long(), 2)
+    _raises("rois|dtype", x, rois.double(), 2)
+    _raises("output_size", x, rois, (0, 2))
+    _raises("output_size", x, rois, (2, 2, 2))
+    _raises("sampling_ratio", x, rois, 2, 1.0, -3)
+    _raises("boxes", x, [torch.rand(2, 3)], 2)
+    _raises("boxes", x, [], 2)
+
+
+@pytest.mark.parametrize("index", [2.0, -1.0, 7.0, float("nan")])
+def test_bad_batch_index_names_rois(index):
+    x = torch.rand(2, 3, 8, 8)
+    rois = torch.tensor([[0, 1.0, 1.0, 5.0, 5.0], [index, 1.0, 1.0, 5.0, 5.0]])
+    _raises("rois", x, rois, 2)
+    # The backward op takes the batch size separately and checks it too.
+    with pytest.raises((ValueError, RuntimeError), match="rois"):
+        torch.ops.detcore._roi_align_backward(
+            torch.rand(2, 3, 2, 2), rois, 1.0, 2, 2, 2, 3, 8, 8, 2, True
+        )

@@ -1,0 +1,331 @@
+#!/usr/bin/env python
+"""Benchmark detcore's NMS and ROIAlign side by side with torchvision's, in the same process.
+
+Every case runs both libraries on the same seeded inputs, checks once that they agree (same NMS
+indices; ROIAlign outputs and gradients allclose) and reports median times. A speedup above 1
+means detcore is faster. Without torchvision only detcore's times are printed.
+
+    python tools/benchmark_ops.py                      # CPU, full cases
+    python tools/benchmark_ops.py --device cuda --repeats 50
+    python tools/benchmark_ops.py --quick              # a smoke run of a few seconds
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+# Runnable as `python tools/benchmark_ops.py` from a checkout, without installing detcore.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import detcore  # noqa: E402
+from detcore.layers import batched_nms, nms, roi_align  # noqa: E402
+
+try:
+    import torchvision
+    import torchvision.ops as tv_ops
+    import torchvision.ops.boxes as tv_boxes
+except ImportError:
+    torchvision = tv_ops = tv_boxes = None
+
+IMAGE_H, IMAGE_W = 800, 1344
+
+
+def random_boxes(n, gen, x_max=1000.0, y_max=1000.0):
+    """The issue's boxes: top-left uniform in [0, x_max] x [0, y_max], size uniform in [10, 200]."""
+    xy = torch.rand(n, 2, generator=gen) * torch.tensor([x_max, y_max])
+    wh = 10 + torch.rand(n, 2, generator=gen) * 190
+    return torch.cat([xy, xy + wh], dim=1)
+
+
+def random_scores(n, gen):
+    """Uniform scores with no ties (a shuffled uniform grid): tied scores may legitimately be
+    ordered differently by the two libraries, which would make the agreement check meaningless."""
+    return (torch.randperm(n, generator=gen).float() + 0.5) / n
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(fn, repeats, device, warmup=2):
+    """Median wall time of fn() in milliseconds, after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def timed_call(fn, device):
+    synchronize(device)
+    start = time.perf_counter()
+    result = fn()
+    synchronize(device)
+    return result, (time.perf_counter() - start) * 1000
+
+
+class Case:
+    """One benchmark row: two callables on the same inputs and a check that their results agree."""
+
+    def __init__(self, name, detcore_fn, torchvision_fn, agree_fn, repeats):
+        self.name = name
+        self.detcore_fn = detcore_fn
+        self.torchvision_fn = torchvision_fn
+        self.agree_fn = agree_fn
+        self.repeats = repeats
+
+
+def _indices_agree(a, b):
+    if torch.equal(a.cpu(), b.cpu()):
+        return "yes"
+    return f"NO ({len(a)} vs {len(b)} kept)"
+
+
+def _tensors_agree(a, b, atol, rtol):
+    a = a if isinstance(a, (tuple, list)) else (a,)
+    b = b if isinstance(b, (tuple, list)) else (b,)
+    worst = max(float((x.float() - y.float()).abs().max()) if x.numel() else 0.0 for x, y in zip(a, b))
+    ok = all(torch.allclose(x, y, atol=atol, rtol=rtol) for x, y in zip(a, b))
+    return "yes" if ok else f"NO (max diff {worst:.2e})"
+
+
+def nms_cases(sizes, thresholds, device, repeats, gen):
+    cases = []
+    for n in sizes:
+        boxes = random_boxes(n, gen).to(device)
+        scores = random_scores(n, gen).to(device)
+        for thr in thresholds:
+            cases.append(
+                Case(
+                    f"nms N={n} iou={thr}",
+                    lambda b=boxes, s=scores, t=thr: nms(b, s, t),
+                    tv_ops and (lambda b=boxes, s=scores, t=thr: tv_ops.nms(b, s, t)),
+                    _indices_agree,
+                    repeats if n < 100000 else max(3, repeats // 5),
+                )
+            )
+    return cases
+
+
+def batched_nms_case(n, classes, device, repeats, gen):
+    boxes = random_boxes(n, gen).to(device)
+    scores = random_scores(n, gen).to(device)
+    idxs = torch.randint(0, classes, (n,), generator=gen).to(device)
+
+    def agree(ours, theirs):
+        # torchvision.ops.batched_nms loops per class on big inputs but shifts boxes per class on
+        # small ones, which rounds coordinates; detcore is exact, so judge it by the exact loop.
+        verdict = _indices_agree(ours, theirs)
+        if verdict != "yes" and hasattr(tv_boxes, "_batched_nms_vanilla"):
+            exact = tv_boxes._batched_nms_vanilla(boxes, scores, idxs, 0.5)
+            if _indices_agree(ours, exact) == "yes":
+                return "yes (vs torchvision's exact per-class loop)"
+        return verdict
+
+    return Case(
+        f"batched_nms N={n} classes={classes} iou=0.5",
+        lambda: batched_nms(boxes, scores, idxs, 0.5),
+        tv_ops and (lambda: tv_ops.batched_nms(boxes, scores, idxs, 0.5)),
+        agree,
+        repeats,
+    )
+
+
+def roi_align_cases(feature_shape, specs, device, repeats, gen, spatial_scale=0.25):
+    """specs: (num_rois, output_size, sampling_ratio); each gives a forward and a fwd+bwd case."""
+    features = torch.randn(feature_shape, generator=gen).to(device)
+    n = feature_shape[0]
+    cases = []
+    for k, size, sampling in specs:
+        boxes = random_boxes(k, gen, x_max=IMAGE_W, y_max=IMAGE_H)
+        index = (torch.arange(k) % n).float()[:, None]  # batch index alternating
+        rois = torch.cat([index, boxes], dim=1).to(device)
+        grad_out = torch.randn(k, feature_shape[1], size, size, generator=gen).to(device)
+        x = features.detach().clone().requires_grad_(True)
+        args = ((size, size), spatial_scale, sampling, True)
+
+        def forward(fn, rois=rois, args=args):
+            with torch.no_grad():
+                return fn(features, rois, *args)
+
+        def forward_backward(fn, rois=rois, args=args, grad_out=grad_out):
+            out = fn(x, rois, *args)
+            (grad,) = torch.autograd.grad(out, x, grad_out)
+            return out.detach(), grad
+
+        label = f"roi_align {k} rois {size}x{size} sampling={sampling}"
+        tv = tv_ops.roi_align if tv_ops else None
+        cases.append(
+            Case(
+                label + " fwd",
+                lambda f=forward: f(roi_align),
+                tv and (lambda f=forward: f(tv)),
+                lambda a, b: _tensors_agree(a, b, atol=1e-5, rtol=1e-5),
+                repeats,
+            )
+        )
+        cases.append(
+            Case(
+                label + " fwd+bwd",
+                lambda f=forward_backward: f(roi_align),
+                tv and (lambda f=forward_backward: f(tv)),
+                # Gradients sum many float32 terms in a different order: a looser tolerance.
+                lambda a, b: _tensors_agree(a, b, atol=1e-4, rtol=1e-4),
+                repeats,
+            )
+        )
+    return cases
+
+
+def build_cases(device, repeats, quick, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    if quick:
+        return (
+            nms_cases([1000, 5000], [0.5], device, repeats, gen)
+            + [batched_nms_case(6000, 80, device, repeats, gen)]
+            + roi_align_cases((2, 16, 50, 84), [(200, 7, 2), (200, 7, 0)], device, repeats, gen)
+        )
+    return (
+        nms_cases([1000, 5000, 20000, 100000], [0.5, 0.7], device, repeats, gen)
+        + [batched_nms_case(20000, 80, device, repeats, gen)]
+        + roi_align_cases(
+            (2, 256, 200, 336), [(1000, 7, 2), (1000, 7, 0), (100, 14, 2)], device, repeats, gen
+        )
+    )
+
+
+def run_case(case, device, tv_budget_s):
+    row = {"case": case.name, "repeats": case.repeats}
+    ours = case.detcore_fn()
+    row["detcore_ms"] = time_ms(case.detcore_fn, case.repeats, device)
+    row["torchvision_ms"] = None
+    row["speedup"] = None
+    row["agree"] = "n/a (no torchvision)"
+    if case.torchvision_fn is None:
+        return row
+    theirs, first_ms = timed_call(case.torchvision_fn, device)
+    row["agree"] = case.agree_fn(ours, theirs)
+    # One call already ran (for the check); time the rest only if it fits the budget.
+    if first_ms * (case.repeats + 2) > tv_budget_s * 1000:
+        row["torchvision_ms"] = "skipped"
+        row["note"] = f"one torchvision call took {first_ms:.0f} ms, over the {tv_budget_s:g} s budget"
+        return row
+    row["torchvision_ms"] = time_ms(case.torchvision_fn, case.repeats, device)
+    row["speedup"] = row["torchvision_ms"] / row["detcore_ms"]
+    return row
+
+
+def device_name(device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _fmt(value, digits=3):
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    return f"{value:.{digits}f}"
+
+
+def print_table(rows):
+    headers = ["case", "detcore ms", "torchvision ms", "speedup", "agree"]
+    table = [
+        [
+            r["case"],
+            _fmt(r["detcore_ms"]),
+            _fmt(r["torchvision_ms"]),
+            _fmt(r["speedup"], 2) + ("x" if isinstance(r["speedup"], float) else ""),
+            r["agree"],
+        ]
+        for r in rows
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *table)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    print(line)
+    print("-" * len(line))
+    for r in table:
+        print("  ".join([r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]))
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per case (default 20, quick 3)")
+    parser.add_argument("--json", default=None, help="output file (default benchmark_results/ops_<device>.json)")
+    parser.add_argument("--quick", action="store_true", help="a few small cases, for a smoke test")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    parser.add_argument(
+        "--tv-budget-s",
+        type=float,
+        default=60.0,
+        help="skip timing torchvision for a case when its calls would take longer than this",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("benchmark_ops: --device cuda but torch sees no CUDA GPU")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    repeats = args.repeats or (3 if args.quick else 20)
+    json_path = args.json or os.path.join("benchmark_results", f"ops_{args.device}.json")
+
+    info = {
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__ if torchvision else None,
+        "detcore": detcore.__version__,
+        "device": args.device,
+        "device_name": device_name(device),
+        "threads": torch.get_num_threads(),
+        "repeats": repeats,
+        "quick": args.quick,
+        "python": platform.python_version(),
+    }
+    print(", ".join(f"{k}={v}" for k, v in info.items()))
+    if torchvision is None:
+        print("torchvision is not importable: printing detcore times only")
+
+    rows = []
+    for case in build_cases(device, repeats, args.quick):
+        rows.append(run_case(case, device, args.tv_budget_s))
+        print(f"  done: {case.name}", file=sys.stderr)
+    print()
+    print_table(rows)
+
+    folder = os.path.dirname(json_path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    with open(json_path, "w") as f:
+        json.dump({**info, "results": rows}, f, indent=2)
+    print(f"\nwrote {json_path}")
+    if any(r["agree"].startswith("NO") for r in rows):
+        print("WARNING: detcore and torchvision disagree on some cases (see 'agree')")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
