@@ -5,6 +5,7 @@ either a GPU is visible or FORCE_CUDA=1 (to compile on a GPU-less machine, as CI
 Install with:  pip install --no-build-isolation -e .
 """
 import glob
+import importlib.util
 import os
 import shutil
 import sys
@@ -15,23 +16,19 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("detcore", "csrc")
 
 
-def _locate_cuda_home():
-    """Point CUDA_HOME at the toolkit folder itself.
-
-    torch guesses CUDA_HOME from the nvcc on PATH; when that nvcc is a wrapper script (as in
-    /usr/local/bin), the guess is the wrong folder. Must run before torch.utils.cpp_extension is
-    imported, because that module reads CUDA_HOME once at import time.
-    """
-    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
-        return
-    candidates = ["/usr/local/cuda"] + sorted(glob.glob("/usr/local/cuda-*"), reverse=True)
-    for folder in candidates:
-        if os.access(os.path.join(folder, "bin", "nvcc"), os.X_OK):
-            os.environ["CUDA_HOME"] = folder
-            return
+def _load_cuda_home_finder():
+    """detcore/utils/cuda_home.py, loaded by path: the package itself is not importable yet."""
+    path = os.path.join(ROOT, "detcore", "utils", "cuda_home.py")
+    spec = importlib.util.spec_from_file_location("_detcore_cuda_home", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.find_cuda_home
 
 
-_locate_cuda_home()
+# Must happen before torch.utils.cpp_extension is imported: it reads CUDA_HOME once, at import.
+_cuda_home = _load_cuda_home_finder()()
+if _cuda_home:
+    os.environ["CUDA_HOME"] = _cuda_home
 
 try:
     import torch

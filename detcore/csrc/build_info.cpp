@@ -1,22 +1,24 @@
 #include "build_info.h"
 
-#ifdef WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 namespace detcore {
+
+#ifdef WITH_CUDA
+// Defined in cuda/build_info.cu, where nvcc provides the facts.
+int64_t cuda_runtime_version_compiled();
+std::string cuda_arch_list_compiled();
+#endif
 
 int64_t cuda_version() {
 #ifdef WITH_CUDA
-  return CUDART_VERSION;
+  return cuda_runtime_version_compiled();
 #else
   return 0;
 #endif
 }
 
 std::string cuda_arch_list() {
-#ifdef DETCORE_CUDA_ARCH_LIST
-  return DETCORE_CUDA_ARCH_LIST;
+#ifdef WITH_CUDA
+  return cuda_arch_list_compiled();
 #else
   return "";
 #endif

@@ -9,7 +9,7 @@ namespace detcore {
 // CUDA runtime version this binary was compiled against (e.g. 13000), or 0 for a CPU-only build.
 int64_t cuda_version();
 
-// The archs the CUDA kernels were compiled for, as TORCH_CUDA_ARCH_LIST named them ("" if none).
+// The archs the CUDA kernels were compiled for, as nvcc lists them, e.g. "800,900" ("" if none).
 std::string cuda_arch_list();
 
 }  // namespace detcore

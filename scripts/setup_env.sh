@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs detcore's dependencies and builds detcore._C in place (pip editable install).
+# Safe to re-run: pip skips what is installed and ninja rebuilds only what changed.
+#   FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="9.0"  compile the CUDA kernels without a visible GPU
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+
+# torch first: the extension build needs it, and build isolation would fetch a second copy.
+if ! "$PYTHON" -c "import torch" 2>/dev/null; then
+  "$PYTHON" -m pip install torch torchvision
+fi
+"$PYTHON" -m pip install yacs numpy pycocotools opencv-python-headless ninja pytest hypothesis
+"$PYTHON" -m pip install --no-build-isolation -e .
+"$PYTHON" -m detcore.utils.collect_env
