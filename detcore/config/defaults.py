@@ -84,6 +84,11 @@ _C.MODEL.ANCHOR_GENERATOR.SIZES = [[32], [64], [128], [256], [512]]
 _C.MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS = [[0.5, 1.0, 2.0]]
 # Anchor centers sit at (i + OFFSET) * stride; 0.0 or 0.5.
 _C.MODEL.ANCHOR_GENERATOR.OFFSET = 0.0
+# Round the cell anchors' corners to whole pixels (torchvision does; for its checkpoints).
+_C.MODEL.ANCHOR_GENERATOR.ROUND_CELL_ANCHORS = False
+# Per level and axis, stride = padded image size // feature map size instead of the nominal
+# stride (torchvision: an 800 px high input gets stride 61 on its 13-row p6).
+_C.MODEL.ANCHOR_GENERATOR.STRIDES_FROM_IMAGE_SIZE = False
 
 _C.MODEL.RPN = CN()
 # RPN head name in the RPN_HEAD registry.
@@ -111,6 +116,9 @@ _C.MODEL.RPN.BBOX_REG_WEIGHTS = (1.0, 1.0, 1.0, 1.0)
 _C.MODEL.RPN.SMOOTH_L1_BETA = 0.0
 # Multiplier of both RPN losses.
 _C.MODEL.RPN.LOSS_WEIGHT = 1.0
+# Both RPN losses are divided by "batch_size" (BATCH_SIZE_PER_IMAGE x images, Detectron) or
+# by "num_sampled" (the anchors actually sampled, torchvision).
+_C.MODEL.RPN.LOSS_NORMALIZER = "batch_size"
 # Top-scoring anchors kept per feature level before NMS, in training / at test.
 _C.MODEL.RPN.PRE_NMS_TOPK_TRAIN = 2000
 _C.MODEL.RPN.PRE_NMS_TOPK_TEST = 1000
@@ -149,6 +157,12 @@ _C.MODEL.ROI_HEADS.PROPOSAL_APPEND_GT = True
 # level CANONICAL_LEVEL (p4); each halving / doubling moves one level down / up.
 _C.MODEL.ROI_HEADS.CANONICAL_BOX_SIZE = 224
 _C.MODEL.ROI_HEADS.CANONICAL_LEVEL = 4
+# Level rule's eps: "detectron2" floor(k0 + log2(s / s0 + 1e-8)) or "torchvision"
+# floor(k0 + log2(s / s0) + 1e-6) (s = sqrt(box area)).
+_C.MODEL.ROI_HEADS.LEVEL_MAPPER = "detectron2"
+# At test: detections with a side shorter than this (pixels) are dropped before NMS; 0 keeps
+# all (torchvision uses 0.01).
+_C.MODEL.ROI_HEADS.MIN_BOX_SIZE_TEST = 0.0
 
 _C.MODEL.ROI_BOX_HEAD = CN()
 # Box head name in the ROI_BOX_HEAD registry.
@@ -194,9 +208,14 @@ _C.MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION = 14
 _C.MODEL.ROI_MASK_HEAD.POOLER_SAMPLING_RATIO = 0
 # ROIAlign aligned=True (see ROI_BOX_HEAD.POOLER_ALIGNED).
 _C.MODEL.ROI_MASK_HEAD.POOLER_ALIGNED = True
-# How masks are pasted into the image at test: "grid_sample" (batched, on device) or
-# "torchvision" (per box, interpolate, as torchvision does).
-_C.MODEL.ROI_MASK_HEAD.PASTE_MODE = "grid_sample"
+# Mask training targets: "aligned" (GT sampled at the M x M cell centers of the ROI,
+# thresholded at 0.5) or "torchvision" (ROIAlign aligned=False of the GT bitmap, soft).
+_C.MODEL.ROI_MASK_HEAD.TARGET_MODE = "aligned"
+# How masks are pasted into the image at test: "aligned" (bilinear at pixel centres, the inverse
+# of the training targets' crop) or "torchvision" (torchvision's padded, integer-box resize).
+_C.MODEL.ROI_MASK_HEAD.PASTE_MODE = "aligned"
+# Pasted mask probabilities >= this become foreground pixels.
+_C.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD = 0.5
 
 # ---------------------------------------------------------------------------------------------
 # Input: resizing, flipping, batching

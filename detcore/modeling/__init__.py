@@ -1,4 +1,41 @@
-"""Model components: backbones (more to come: RPN, ROI heads, meta-architectures)."""
+"""Model components, each kind behind a registry, and the builder of the whole model."""
+from .anchor_generator import ANCHOR_GENERATOR_REGISTRY, build_anchor_generator
 from .backbone import BACKBONE_REGISTRY, build_backbone
+from .box_regression import Box2BoxTransform
+from .matcher import Matcher
+from .meta_arch import META_ARCH_REGISTRY, GeneralizedRCNN, build_model
+from .poolers import ROIPooler
+from .proposal_generator import PROPOSAL_GENERATOR_REGISTRY, RPN, RPN_HEAD_REGISTRY, build_proposal_generator
+from .roi_heads import (
+    ROI_BOX_HEAD_REGISTRY,
+    ROI_BOX_PREDICTOR_REGISTRY,
+    ROI_HEADS_REGISTRY,
+    ROI_MASK_HEAD_REGISTRY,
+    StandardROIHeads,
+    build_roi_heads,
+)
+from .sampling import subsample_labels
 
-__all__ = ["BACKBONE_REGISTRY", "build_backbone"]
+__all__ = [
+    "ANCHOR_GENERATOR_REGISTRY",
+    "BACKBONE_REGISTRY",
+    "META_ARCH_REGISTRY",
+    "PROPOSAL_GENERATOR_REGISTRY",
+    "RPN_HEAD_REGISTRY",
+    "ROI_HEADS_REGISTRY",
+    "ROI_BOX_HEAD_REGISTRY",
+    "ROI_BOX_PREDICTOR_REGISTRY",
+    "ROI_MASK_HEAD_REGISTRY",
+    "Box2BoxTransform",
+    "GeneralizedRCNN",
+    "Matcher",
+    "RPN",
+    "ROIPooler",
+    "StandardROIHeads",
+    "build_anchor_generator",
+    "build_backbone",
+    "build_model",
+    "build_proposal_generator",
+    "build_roi_heads",
+    "subsample_labels",
+]

@@ -14,7 +14,7 @@ from typing import Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Box2BoxTransform", "box_regression_loss"]
+__all__ = ["Box2BoxTransform", "box_regression_loss", "giou_loss"]
 
 # exp(dw) may not exceed 1000 / 16: a 16 px box can grow to at most 1000 px in one step. Without a
 # clamp an early, untrained regression output overflows exp() to inf.
@@ -76,7 +76,7 @@ class Box2BoxTransform:
     def apply_deltas(self, deltas: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         """Decode ``deltas [N, k*4]`` (k boxes per row, e.g. one per class) against ``boxes [N, 4]``.
 
-        Returns ``[N, k*4]`` xyxy boxes in the dtype of ``deltas``.
+        Returns ``[N, k*4]`` xyxy boxes, float64 for float64 deltas and float32 otherwise.
         """
         if not isinstance(deltas, torch.Tensor) or deltas.dim() != 2 or deltas.shape[1] % 4 != 0:
             shape = tuple(deltas.shape) if isinstance(deltas, torch.Tensor) else type(deltas).__name__
@@ -86,7 +86,8 @@ class Box2BoxTransform:
             raise ValueError(
                 f"apply_deltas: deltas has {deltas.shape[0]} rows but boxes has {boxes.shape[0]}"
             )
-        if not deltas.is_floating_point():
+        if deltas.dtype not in (torch.float32, torch.float64):
+            # Half precision (AMP) cannot place a box corner to the pixel beyond ~1000 px.
             deltas = deltas.float()
         boxes = boxes.to(deltas.dtype)
 
@@ -138,3 +139,25 @@ def box_regression_loss(
     if loss_type == "l1":
         return F.l1_loss(pred_deltas, target_deltas, reduction="sum")
     raise ValueError(f"box_regression_loss: loss_type must be 'smooth_l1' or 'l1', got {loss_type!r}")
+
+
+def giou_loss(boxes1: torch.Tensor, boxes2: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    """Summed ``1 - GIoU`` of paired ``[N, 4]`` xyxy boxes (Rezatofighi et al., 2019).
+
+    Unlike a loss on deltas it is measured on the decoded boxes, so it is scale invariant.
+    """
+    if boxes1.shape != boxes2.shape or boxes1.dim() != 2 or boxes1.shape[1] != 4:
+        raise ValueError(
+            f"giou_loss: boxes1 {tuple(boxes1.shape)} and boxes2 {tuple(boxes2.shape)} must both be [N, 4]"
+        )
+    x1, y1, x2, y2 = boxes1.unbind(dim=1)
+    u1, v1, u2, v2 = boxes2.unbind(dim=1)
+    inter_w = (torch.minimum(x2, u2) - torch.maximum(x1, u1)).clamp(min=0)
+    inter_h = (torch.minimum(y2, v2) - torch.maximum(y1, v1)).clamp(min=0)
+    inter = inter_w * inter_h
+    union = (x2 - x1) * (y2 - y1) + (u2 - u1) * (v2 - v1) - inter
+    iou = inter / (union + eps)
+    # The smallest box enclosing both: its empty part penalizes boxes that do not overlap at all.
+    hull = (torch.maximum(x2, u2) - torch.minimum(x1, u1)) * (torch.maximum(y2, v2) - torch.minimum(y1, v1))
+    giou = iou - (hull - union) / (hull + eps)
+    return (1.0 - giou).sum()

@@ -17,25 +17,38 @@ from detcore.structures import Boxes
 __all__ = ["ROIPooler", "assign_boxes_to_levels"]
 
 
+_LEVEL_MAPPERS = ("detectron2", "torchvision")
+
+
 def assign_boxes_to_levels(
     box_lists: Sequence[Boxes],
     min_level: int,
     max_level: int,
     canonical_box_size: float,
     canonical_level: int,
+    level_mapper: str = "detectron2",
 ) -> Tensor:
     """Pick a pyramid level for every box of every image.
 
-    Level = floor(canonical_level + log2(sqrt(area) / canonical_box_size + eps)), clamped to
-    [min_level, max_level].
+    Level = floor(canonical_level + log2(sqrt(area) / canonical_box_size + 1e-8)), clamped to
+    [min_level, max_level]. ``level_mapper="torchvision"`` puts the eps outside the log instead,
+    floor(canonical_level + log2(sqrt(area) / canonical_box_size) + 1e-6), as torchvision's
+    LevelMapper does. A box exactly at a level boundary (e.g. 112 px) lands on the same level
+    either way; one whose log2 lies within 1e-6 below a boundary goes one level up with it.
 
     Returns:
         int64 Tensor[R] (R: boxes over all images, in order) of level indices *relative to
         min_level*, i.e. an index into the list of feature maps.
     """
+    if level_mapper not in _LEVEL_MAPPERS:
+        raise ValueError(f"assign_boxes_to_levels: level_mapper must be one of {_LEVEL_MAPPERS}, got {level_mapper!r}")
     box_sizes = torch.sqrt(torch.cat([boxes.area() for boxes in box_lists]))
-    # eps keeps log2 finite for zero-area boxes (they land on the finest level).
-    levels = torch.floor(canonical_level + torch.log2(box_sizes / canonical_box_size + 1e-8))
+    if level_mapper == "torchvision":
+        eps = torch.tensor(1e-6, dtype=box_sizes.dtype, device=box_sizes.device)
+        levels = torch.floor(canonical_level + torch.log2(box_sizes / canonical_box_size) + eps)
+    else:
+        # eps keeps log2 finite for zero-area boxes (they land on the finest level).
+        levels = torch.floor(canonical_level + torch.log2(box_sizes / canonical_box_size + 1e-8))
     levels = torch.clamp(levels, min=min_level, max=max_level)
     return levels.to(torch.int64) - min_level
 
@@ -66,7 +79,7 @@ class ROIPooler(nn.Module):
             (1/4, 1/8, 1/16, 1/32) for p2..p5. Consecutive maps must differ by a factor of 2.
         sampling_ratio: `roi_align` samples per bin side (0: adaptive).
         aligned: `roi_align`'s half-pixel correction (True for models with xyxy, no +1 boxes).
-        canonical_box_size, canonical_level: the level-assignment rule (see
+        canonical_box_size, canonical_level, level_mapper: the level-assignment rule (see
             `assign_boxes_to_levels`).
     """
 
@@ -78,6 +91,7 @@ class ROIPooler(nn.Module):
         aligned: bool = True,
         canonical_box_size: float = 224,
         canonical_level: int = 4,
+        level_mapper: str = "detectron2",
     ):
         super().__init__()
         if isinstance(output_size, int):
@@ -102,6 +116,9 @@ class ROIPooler(nn.Module):
         self.max_level = levels[-1]
         self.canonical_box_size = float(canonical_box_size)
         self.canonical_level = int(canonical_level)
+        if level_mapper not in _LEVEL_MAPPERS:
+            raise ValueError(f"ROIPooler: level_mapper must be one of {_LEVEL_MAPPERS}, got {level_mapper!r}")
+        self.level_mapper = level_mapper
 
     def forward(self, x: List[Tensor], box_lists: List[Boxes]) -> Tensor:
         """
@@ -131,7 +148,12 @@ class ROIPooler(nn.Module):
             return self._pool(x[0], rois, self.scales[0])
 
         levels = assign_boxes_to_levels(
-            box_lists, self.min_level, self.max_level, self.canonical_box_size, self.canonical_level
+            box_lists,
+            self.min_level,
+            self.max_level,
+            self.canonical_box_size,
+            self.canonical_level,
+            self.level_mapper,
         ).to(rois.device)
         output = x[0].new_zeros((rois.size(0), channels) + self.output_size)
         for level, (features, scale) in enumerate(zip(x, self.scales)):
@@ -156,5 +178,5 @@ class ROIPooler(nn.Module):
         return (
             f"output_size={self.output_size}, scales={self.scales}, sampling_ratio={self.sampling_ratio}, "
             f"aligned={self.aligned}, canonical_box_size={self.canonical_box_size}, "
-            f"canonical_level={self.canonical_level}"
+            f"canonical_level={self.canonical_level}, level_mapper={self.level_mapper!r}"
         )

@@ -129,7 +129,8 @@ def test_non_contiguous_inputs():
         boxes_nc = boxes.t().contiguous().t()
         scores_nc = torch.stack([scores, scores], dim=1)[:, 1]
         idxs_nc = torch.stack([idxs, idxs], dim=1)[:, 0]
-        assert not (boxes_nc.is_contiguous() or scores_nc.is_contiguous() or idxs_nc.is_contiguous())
+        assert not boxes_nc.is_contiguous() and not scores_nc.is_contiguous()
+        assert not idxs_nc.is_contiguous()
         assert torch.equal(batched_nms(boxes_nc, scores_nc, idxs_nc, 0.5), expected)
 
 

@@ -75,7 +75,8 @@ def test_nms_cuda_large_and_ties():
     boxes, scores, _ = _nms_inputs(100000, seed=2, dtype=torch.float32)
     assert torch.equal(nms(boxes.cuda(), scores.cuda(), 0.7).cpu(), nms(boxes, scores, 0.7))
     tied = torch.full((3000,), 0.5)
-    assert torch.equal(nms(boxes[:3000].cuda(), tied.cuda(), 0.5).cpu(), nms(boxes[:3000], tied, 0.5))
+    got = nms(boxes[:3000].cuda(), tied.cuda(), 0.5)
+    assert torch.equal(got.cpu(), nms(boxes[:3000], tied, 0.5))
 
 
 def test_nms_cuda_non_contiguous():
@@ -84,7 +85,8 @@ def test_nms_cuda_non_contiguous():
     s = torch.stack([scores, scores], 1).cuda()[:, 1]
     assert not b.is_contiguous() and not s.is_contiguous()
     assert torch.equal(nms(b, s, 0.5).cpu(), nms(boxes, scores, 0.5))
-    assert torch.equal(batched_nms(b, s, idxs.cuda(), 0.5).cpu(), batched_nms(boxes, scores, idxs, 0.5))
+    got = batched_nms(b, s, idxs.cuda(), 0.5)
+    assert torch.equal(got.cpu(), batched_nms(boxes, scores, idxs, 0.5))
 
 
 def _roi_inputs(seed, dtype, k=200):

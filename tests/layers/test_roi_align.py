@@ -1,4 +1,4 @@
-"""detcore.layers.roi_align (forward and backward) against a plain-PyTorch reference and torchvision."""
+"""detcore.layers.roi_align, forward and backward, against a plain-PyTorch reference."""
 import pytest
 import torch
 
@@ -159,7 +159,8 @@ def test_list_of_boxes_equals_tensor_rois():
     assert torch.equal(from_list, from_tensor)
     torch.testing.assert_close(from_list, roi_align_reference(x, rois, (2, 2), 0.5, 2, True))
     if torchvision is not None:
-        torch.testing.assert_close(from_list, torchvision.ops.roi_align(x, boxes, (2, 2), 0.5, 2, True))
+        expected = torchvision.ops.roi_align(x, boxes, (2, 2), 0.5, 2, True)
+        torch.testing.assert_close(from_list, expected)
 
 
 def test_empty_rois_forward_and_backward():
@@ -183,7 +184,9 @@ def test_non_contiguous_input_rois_and_grad():
     grad_out = torch.randn(3, 3, 10, 4, generator=_gen(16)).permute(2, 3, 1, 0)
     assert grad_out.shape == (10, 4, 3, 3) and not grad_out.is_contiguous()
 
-    ref_out, ref_grad = _forward_backward(roi_align_reference, x, rois, grad_out.contiguous(), **kwargs)
+    ref_out, ref_grad = _forward_backward(
+        roi_align_reference, x, rois, grad_out.contiguous(), **kwargs
+    )
     for features in (channels_last, transposed):
         out, grad = _forward_backward(roi_align, features, rois_nc, grad_out, **kwargs)
         torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
@@ -202,6 +205,16 @@ def test_gradcheck(aligned, sampling_ratio):
     )
     fn = lambda t: roi_align(t, rois, (2, 3), 1.0, sampling_ratio, aligned)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x,))
+
+
+def test_double_backward_is_an_error_not_silent_zeros():
+    x = _features((1, 2, 6, 6), seed=23, dtype=torch.float64).requires_grad_(True)
+    rois = torch.tensor([[0, 0.5, 0.5, 4.5, 4.5]], dtype=torch.float64)
+    out = roi_align(x, rois, 2, 1.0, 2, True)
+    grad_out = torch.ones_like(out, requires_grad=True)
+    (grad,) = torch.autograd.grad(out, x, grad_out, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        grad.sum().backward()
 
 
 def test_roialign_module():

@@ -1,0 +1,132 @@
+"""Reading checkpoint files without running code from them.
+
+A `.pkl` model-zoo file (detectron2, Detectron) is a plain pickle of numpy arrays. `pickle.load`
+would import and call whatever the file names, so it goes through `_NumpyUnpickler`, which
+resolves only numpy's array / dtype / scalar reconstruction functions and a few builtin
+containers; any other global is refused. Everything else (torch `.pth` / `.pt`, zip or legacy)
+goes through `torch.load(weights_only=True)`, torch's own restricted loader.
+
+`read_checkpoint` then unwraps the usual containers ({"model": ...}, {"state_dict": ...},
+Detectron's {"blobs": ...}) and returns a flat name -> Tensor dict plus the entries it skipped.
+"""
+import importlib
+import io
+import pickle
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import numpy as np
+import torch
+
+__all__ = ["read_checkpoint", "safe_pickle_load", "unwrap_state_dict"]
+
+# numpy moved its internals from numpy.core to numpy._core in 2.0; old pickles name the former.
+_NUMPY_GLOBALS = {
+    ("numpy", "ndarray"): ("numpy", "ndarray"),
+    ("numpy", "dtype"): ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"): ("multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"): ("multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"): ("multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"): ("multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"): ("numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"): ("numeric", "_frombuffer"),
+}
+# Plain data types; nothing that can evaluate, import or reach attributes.
+_SAFE_BUILTINS = {
+    "dict", "list", "tuple", "set", "frozenset", "str", "bytes", "bytearray", "int", "float",
+    "complex", "bool", "slice", "range",
+}  # fmt: skip
+_OTHER_SAFE = {
+    ("collections", "OrderedDict"),
+    # Protocol-2 pickles written by Python 3 store bytes as _codecs.encode(text, "latin1").
+    ("_codecs", "encode"),
+}
+
+
+def _numpy_internal(submodule: str):
+    for prefix in ("numpy._core.", "numpy.core."):
+        try:
+            return importlib.import_module(prefix + submodule)
+        except ImportError:
+            continue
+    raise ImportError(f"cannot find numpy's {submodule} module")
+
+
+class _NumpyUnpickler(pickle.Unpickler):
+    """Unpickler that builds numpy arrays and builtin containers, and refuses everything else."""
+
+    def find_class(self, module, name):
+        target = _NUMPY_GLOBALS.get((module, name))
+        if target is not None:
+            where, attr = target
+            return getattr(np if where == "numpy" else _numpy_internal(where), attr)
+        if module in ("builtins", "__builtin__") and name in _SAFE_BUILTINS:
+            return super().find_class("builtins", name)
+        if (module, name) in _OTHER_SAFE:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"refusing to unpickle '{module}.{name}': model-zoo pickles hold only numpy arrays and "
+            "builtin containers, and loading other objects would run code from the file"
+        )
+
+
+def safe_pickle_load(data: bytes):
+    """Unpickle `data` allowing only numpy arrays and builtin containers. Python 2 pickles
+    (Detectron) are read with latin1 for their byte strings."""
+    return _NumpyUnpickler(io.BytesIO(data), encoding="latin1").load()
+
+
+def unwrap_state_dict(obj) -> Tuple[Dict[str, torch.Tensor], List[Tuple[str, str]]]:
+    """The flat name -> Tensor dict inside a loaded checkpoint object, and (name, reason) for
+    each entry skipped (metadata such as detectron2's "__author__", non-numeric arrays)."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"a checkpoint must hold a dict of tensors, got {type(obj).__name__}")
+    for container in ("model", "state_dict", "blobs"):
+        inner = obj.get(container)
+        if isinstance(inner, dict) and inner:
+            obj = inner
+            break
+    tensors, skipped = {}, []
+    for name, value in obj.items():
+        if not isinstance(name, str):
+            skipped.append((repr(name), "not a string key"))
+        elif isinstance(value, torch.Tensor):
+            tensors[name] = value
+        elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+            tensors[name] = torch.from_numpy(np.ascontiguousarray(value))
+        else:
+            skipped.append((name, f"not a tensor ({type(value).__name__})"))
+    return tensors, skipped
+
+
+def read_checkpoint(path) -> Tuple[Dict[str, torch.Tensor], List[Tuple[str, str]]]:
+    """Read a checkpoint file safely and return (name -> Tensor, skipped entries)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file not found: {path}")
+    data = path.read_bytes()
+    obj = None
+    # Zip archives are torch.save files; anything else may be a plain (numpy) pickle first.
+    if not data.startswith(b"PK\x03\x04"):
+        try:
+            obj = safe_pickle_load(data)
+        except pickle.UnpicklingError as e:
+            if "refusing" in str(e) and path.suffix == ".pkl":
+                raise pickle.UnpicklingError(f"{path}: {e}") from None
+            obj = None  # a legacy torch.save file (persistent ids): torch.load below
+        except (EOFError, ValueError, TypeError, AttributeError, ImportError, IndexError, KeyError):
+            obj = None
+    if not isinstance(obj, dict):
+        try:
+            obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            if "weights only" not in str(e).lower():
+                raise ValueError(f"{path}: neither torch.load nor pickle can read it ({e})") from None
+            raise pickle.UnpicklingError(
+                f"{path}: torch.load(weights_only=True) refused it ({e}). Checkpoints must hold only "
+                "tensors and plain containers; re-save just the weights, e.g. "
+                "torch.save(model.state_dict(), path)"
+            ) from None
+        except RuntimeError as e:
+            raise ValueError(f"{path}: neither torch.load nor pickle can read it ({e})") from None
+    return unwrap_state_dict(obj)

@@ -1,0 +1,176 @@
+"""From a checkpoint of any known format to a state dict in the model's own names, with a report.
+
+    state_dict, report = load_converted_state_dict("model_final_f10217.pkl", model)
+    model.load_state_dict(state_dict, strict=False)   # the report says what strict=False allows
+    logger.info("%s", report)
+
+Matching against the model decides each converted tensor's fate: loaded when the model has the
+name and the shape; re-initialized when it is a class-count dependent predictor layer of another
+class count (COCO weights fine-tuned on a 3-class dataset); otherwise reported as a shape
+mismatch or unexpected. Model entries nobody provides are reported missing.
+"""
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from .io import read_checkpoint
+from .mappings import ConvertedCheckpoint, convert_keys
+from .report import LoadReport
+
+__all__ = ["convert_state_dict", "load_converted_state_dict", "PREDICTOR_PREFIXES"]
+
+# Layers whose output size is the class count: they cannot carry over to another class count.
+PREDICTOR_PREFIXES = (
+    "roi_heads.box_predictor.cls_score.",
+    "roi_heads.box_predictor.bbox_pred.",
+    "roi_heads.mask_head.predictor.",
+)
+# Where backbone-only weights go when no model is given: the body of detcore's ResNet-FPN.
+_DEFAULT_BODY_PREFIX = "backbone.bottom_up."
+_BODY_ANCHOR = "stem.conv1.weight"
+
+
+def _shape(t: torch.Tensor) -> Tuple[int, ...]:
+    return tuple(int(s) for s in t.shape)
+
+
+def _body_prefix(model_keys) -> Optional[str]:
+    found = sorted((k[: -len(_BODY_ANCHOR)] for k in model_keys if k.endswith(_BODY_ANCHOR)), key=len)
+    return found[0] if found else None
+
+
+def _num_classes(cls_score_bias: Optional[torch.Tensor]) -> Optional[int]:
+    return None if cls_score_bias is None else int(cls_score_bias.shape[0]) - 1
+
+
+def _place(converted: ConvertedCheckpoint, prefix: str) -> ConvertedCheckpoint:
+    """Prefix the names of backbone-only weights with the model's body path."""
+    placed = ConvertedCheckpoint(
+        format=converted.format,
+        dropped=list(converted.dropped),
+        unknown=dict(converted.unknown),
+        notes=list(converted.notes),
+    )
+    for name, tensor in converted.tensors.items():
+        placed.add(prefix + name, tensor, converted.sources[name])
+    placed.synthesized = {prefix + n for n in converted.synthesized}
+    return placed
+
+
+def _setting_notes(fmt: str, model: nn.Module) -> list:
+    """Warn about model settings that do not fit weights of this format."""
+    notes = []
+    # Where the first block of a downsampling stage strides tells STRIDE_IN_1X1.
+    for module in model.modules():
+        if type(module).__name__ == "BottleneckBlock" and module.downsample is not None:
+            if module.downsample[0].stride == (2, 2):
+                stride_in_1x1 = module.conv1.stride == (2, 2)
+                wanted = {"torchvision-detection": False, "torchvision-resnet": False, "caffe2-resnet": True}.get(fmt)
+                if wanted is not None and wanted != stride_in_1x1:
+                    notes.append(
+                        f"{fmt} weights stride on the {'1x1' if wanted else '3x3'} conv but the model on the "
+                        f"{'1x1' if stride_in_1x1 else '3x3'}: set MODEL.RESNETS.STRIDE_IN_1X1 {wanted}"
+                    )
+                break
+    input_format = getattr(model, "input_format", None)
+    wanted_format = {"torchvision-detection": "RGB", "torchvision-resnet": "RGB", "caffe2-resnet": "BGR"}.get(fmt)
+    if input_format is not None and wanted_format is not None and input_format != wanted_format:
+        notes.append(
+            f"{fmt} weights expect {wanted_format} images but the model takes {input_format} (INPUT.FORMAT); "
+            "check INPUT.FORMAT, MODEL.PIXEL_MEAN and MODEL.PIXEL_STD"
+        )
+    return notes
+
+
+def convert_state_dict(
+    state_dict: Dict[str, torch.Tensor],
+    model: Optional[nn.Module] = None,
+    *,
+    format: str = "auto",
+    source: str = "<state dict>",
+) -> Tuple[Dict[str, torch.Tensor], LoadReport]:
+    """Rename `state_dict` (any format of detcore.checkpoint.FORMATS) to detcore names.
+
+    With `model`, keep only what fits it (see the module docstring) and report every key; without
+    one, return every converted tensor (backbone-only weights placed under the ResNet-FPN body,
+    "backbone.bottom_up.") and report only the renaming.
+
+    Returns:
+        (detcore name -> tensor, LoadReport). Load with ``model.load_state_dict(sd, strict=False)``.
+    """
+    converted = convert_keys(state_dict, format)
+    report = LoadReport(source=source, format=converted.format, notes=list(converted.notes))
+    report.dropped.extend(converted.dropped)
+
+    if model is None:
+        if converted.body_relative:
+            converted = _place(converted, _DEFAULT_BODY_PREFIX)
+        report.unexpected.extend((k, k, shape) for k, shape in converted.unknown.items())
+        report.mapped.extend((converted.sources[n], n, _shape(t)) for n, t in converted.tensors.items())
+        return dict(converted.tensors), report
+
+    model_state = model.state_dict()
+    if converted.body_relative:
+        prefix = _body_prefix(model_state)
+        if prefix is None:
+            report.notes.append("backbone-only weights, but the model has no ResNet body (no '*stem.conv1.weight')")
+            prefix = "<no body>."
+        converted = _place(converted, prefix)
+        report.notes.append(f"backbone-only weights: placed under '{prefix}'; the rest keeps its initialization")
+
+    tensors = converted.tensors
+    # Predictor layers of another class count are left to the model's initialization, all together.
+    predictor = [n for n in tensors if n.startswith(PREDICTOR_PREFIXES) and n in model_state]
+    if any(_shape(tensors[n]) != _shape(model_state[n]) for n in predictor):
+        ckpt_k = _num_classes(tensors.get(PREDICTOR_PREFIXES[0] + "bias"))
+        model_k = _num_classes(model_state.get(PREDICTOR_PREFIXES[0] + "bias"))
+        for n in predictor:
+            report.reinitialized.append(
+                (converted.sources[n], n, _shape(tensors[n]), _shape(model_state[n]))
+            )
+        report.notes.append(
+            f"the checkpoint predicts {ckpt_k} classes and the model {model_k}: its predictor layers "
+            "(cls_score, bbox_pred, mask predictor) keep their fresh initialization"
+        )
+        reinit = set(predictor)
+    else:
+        reinit = set()
+
+    out = {}
+    for name, tensor in tensors.items():
+        src = converted.sources[name]
+        if name in reinit:
+            continue
+        if name not in model_state:
+            if name in converted.synthesized:
+                continue
+            if name.endswith(".num_batches_tracked"):
+                report.dropped.append((src, "BatchNorm step counter (the model's norms keep none)"))
+            else:
+                report.unexpected.append((src, name, _shape(tensor)))
+            continue
+        if _shape(tensor) != _shape(model_state[name]):
+            report.shape_mismatch.append((src, name, _shape(tensor), _shape(model_state[name])))
+            continue
+        out[name] = tensor
+        report.mapped.append((src, name, _shape(tensor)))
+    report.unexpected.extend((k, k, shape) for k, shape in converted.unknown.items())
+    provided = set(out) | reinit
+    report.missing.extend((k, _shape(v)) for k, v in model_state.items() if k not in provided)
+    report.notes.extend(_setting_notes(converted.format, model))
+    if not out:
+        raise ValueError(
+            f"no tensor of {source} fits the model (format {converted.format}):\n{report.table()}"
+        )
+    return out, report
+
+
+def load_converted_state_dict(path, model: nn.Module, *, format: str = "auto") -> Tuple[Dict[str, torch.Tensor], LoadReport]:
+    """Read the checkpoint at `path` safely, recognize its format by content and convert it for
+    `model` (see `convert_state_dict`). Returns (model name -> tensor, LoadReport); load with
+    ``model.load_state_dict(state_dict, strict=False)``."""
+    state_dict, skipped = read_checkpoint(path)
+    out, report = convert_state_dict(state_dict, model, format=format, source=str(path))
+    report.dropped.extend((k, f"skipped: {why}") for k, why in skipped)
+    return out, report

@@ -1,0 +1,334 @@
+"""Checkpoint formats people have, told apart by their keys, and their renaming to detcore.
+
+    format                   where it comes from                            names
+    "detcore"                detcore training (maybe DDP "module.")         as the model's
+    "torchvision-detection"  torchvision fasterrcnn/maskrcnn_resnet50_fpn   backbone.body.layer1..., rpn.head...
+    "detectron2"             detectron2 model zoo (.pkl) or training (.pth) backbone.bottom_up.res2.0.conv1.norm...
+    "caffe2-resnet"          Detectron / MSRA ImageNet ResNets (R-50.pkl)   res2_0_branch2a_w, res2_0_branch2a_bn_s
+    "torchvision-resnet"     ImageNet ResNets in torchvision's names, maybe conv1, layer1.0.bn1 (or module.pre.conv1)
+                             under a prefix (DDP, self-supervised wrappers)
+
+The ResNet renaming is regular (see detcore/modeling/backbone/resnet.py): torchvision's layer{k}
+is res{k+1}, its conv1/bn1 the stem's; detectron2 keeps a block's norm inside its conv
+(conv{j}.norm -> bn{j}) and calls the projection `shortcut` (-> downsample.0 / .1). The
+backbone-only formats give names relative to the ResNet body ("stem.conv1.weight"); the loader
+places them under the model's body.
+
+Class order: detcore and detectron2 put background last; torchvision first (index 0), so its
+cls_score rows are rotated and the background rows of bbox_pred and the mask predictor dropped.
+"""
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Set, Tuple
+
+import torch
+
+__all__ = ["FORMATS", "ConvertedCheckpoint", "convert_keys", "detect_format"]
+
+FORMATS = ("detcore", "torchvision-detection", "detectron2", "caffe2-resnet", "torchvision-resnet")
+
+
+@dataclass
+class ConvertedCheckpoint:
+    """A checkpoint renamed to detcore names.
+
+    Attributes:
+        format: one of FORMATS.
+        tensors: detcore name -> tensor.
+        sources: detcore name -> the checkpoint key it came from (for the report).
+        dropped: (checkpoint key, reason) for entries left out on purpose.
+        unknown: checkpoint key -> shape for keys no rule of the format maps (reported as
+            unexpected).
+        body_relative: names are relative to the ResNet body (backbone-only weights).
+        synthesized: detcore names made up rather than read (statistics of caffe2's affine-only
+            norms); skipped quietly where the model has no such entry.
+        notes: sentences for the report.
+    """
+
+    format: str
+    tensors: Dict[str, torch.Tensor] = field(default_factory=dict)
+    sources: Dict[str, str] = field(default_factory=dict)
+    dropped: List[Tuple[str, str]] = field(default_factory=list)
+    unknown: Dict[str, Tuple[int, ...]] = field(default_factory=dict)
+    body_relative: bool = False
+    synthesized: Set[str] = field(default_factory=set)
+    notes: List[str] = field(default_factory=list)
+
+    def add(self, name: str, tensor: torch.Tensor, source: str) -> None:
+        if name in self.tensors:
+            raise ValueError(f"checkpoint keys '{self.sources[name]}' and '{source}' both map to '{name}'")
+        self.tensors[name] = tensor
+        self.sources[name] = source
+
+
+# --- detection ---------------------------------------------------------------------------------
+
+_C2_KEY = re.compile(r"^(conv1_w|res_conv1_(bn|gn)_[sb]|res\d_\d+_branch[12][abc]?_\w+)$")
+_D2_BODY = re.compile(r"(^|\.)(stem\.conv1\.norm\.|res\d\.\d+\.(conv\d\.norm|shortcut)\.)")
+_DETCORE_BODY = re.compile(r"(^|\.)(stem\.bn1\.|res\d\.\d+\.(bn\d|downsample)\.)")
+_TV_DETECTION_PREFIXES = ("backbone.body.", "backbone.fpn.", "rpn.head.", "roi_heads.box_head.fc6.", "roi_heads.mask_predictor.")
+_DETCORE_PREFIXES = ("backbone.bottom_up.", "proposal_generator.", "roi_heads.")
+_RESNET_ANCHOR = "layer1.0.conv1.weight"
+
+
+def _resnet_prefix(keys: List[str]) -> Optional[str]:
+    """The prefix under which a torchvision-named ResNet sits ("" for a bare one), or None."""
+    candidates = sorted({k[: -len(_RESNET_ANCHOR)] for k in keys if k.endswith(_RESNET_ANCHOR)}, key=len)
+    keyset = set(keys)
+    for prefix in candidates:
+        if prefix + "conv1.weight" in keyset and (prefix == "" or prefix.endswith(".")):
+            return prefix
+    return None
+
+
+def detect_format(keys) -> str:
+    """Name the format (one of FORMATS) of a checkpoint from its keys; ValueError if none fits."""
+    keys = [k[len("module."):] if k.startswith("module.") else k for k in keys]
+    if any(_C2_KEY.match(k) for k in keys):
+        return "caffe2-resnet"
+    if any(k.startswith(_TV_DETECTION_PREFIXES) for k in keys):
+        return "torchvision-detection"
+    if any(_D2_BODY.search(k) for k in keys):
+        return "detectron2"
+    if any(_DETCORE_BODY.search(k) for k in keys) or any(k.startswith(_DETCORE_PREFIXES) for k in keys):
+        return "detcore"
+    if _resnet_prefix(keys) is not None:
+        return "torchvision-resnet"
+    sample = ", ".join(sorted(keys)[:6])
+    raise ValueError(
+        f"cannot tell the checkpoint format from its keys (e.g. {sample}); known formats: {', '.join(FORMATS)}"
+    )
+
+
+# --- torchvision ResNet names ------------------------------------------------------------------
+
+_TV_BLOCK = re.compile(r"^layer(\d)\.(\d+)\.((conv\d|bn\d|downsample\.[01])\.\w+)$")
+
+
+def _torchvision_resnet_name(key: str) -> Tuple[Optional[str], Optional[str]]:
+    """(body-relative detcore name, None) or (None, reason to drop) or (None, None) if unknown."""
+    if key.startswith("fc."):
+        return None, "ImageNet classifier: a detection body has none"
+    if key == "conv1.weight":
+        return "stem.conv1.weight", None
+    if key.startswith("bn1."):
+        return "stem." + key, None
+    m = _TV_BLOCK.match(key)
+    if m:
+        return f"res{int(m[1]) + 1}.{m[2]}.{m[3]}", None
+    return None, None
+
+
+def _convert_torchvision_resnet(state_dict, out: ConvertedCheckpoint) -> None:
+    prefix = _resnet_prefix(list(state_dict))
+    if prefix is None:
+        raise ValueError(f"torchvision-resnet: no '{_RESNET_ANCHOR}' with a matching 'conv1.weight' among the keys")
+    if prefix:
+        out.notes.append(f"ResNet weights found under the prefix '{prefix}'")
+    out.body_relative = True
+    for key, tensor in state_dict.items():
+        if not key.startswith(prefix):
+            out.unknown[key] = tuple(tensor.shape)
+            continue
+        name, why = _torchvision_resnet_name(key[len(prefix):])
+        if name is not None:
+            out.add(name, tensor, key)
+        elif why is not None:
+            out.dropped.append((key, why))
+        else:
+            out.unknown[key] = tuple(tensor.shape)
+
+
+# --- torchvision detection ---------------------------------------------------------------------
+
+# (pattern, replacement) on full keys. The optional ".0" / ".0.0" accept both the published
+# checkpoints' module layout ("v1": inner_blocks.0.weight, rpn.head.conv.weight,
+# mask_head.mask_fcn1.weight) and the one of current torchvision modules (inner_blocks.0.0.weight,
+# rpn.head.conv.0.0.weight, mask_head.0.0.weight).
+_TV_DETECTION_RULES: List[Tuple[re.Pattern, Callable[[re.Match], str]]] = [
+    (re.compile(r"^backbone\.fpn\.inner_blocks\.(\d+)\.(?:0\.)?(weight|bias)$"),
+     lambda m: f"backbone.fpn_lateral{int(m[1]) + 2}.{m[2]}"),
+    (re.compile(r"^backbone\.fpn\.layer_blocks\.(\d+)\.(?:0\.)?(weight|bias)$"),
+     lambda m: f"backbone.fpn_output{int(m[1]) + 2}.{m[2]}"),
+    (re.compile(r"^rpn\.head\.conv\.(?:0\.0\.)?(weight|bias)$"), lambda m: f"proposal_generator.rpn_head.conv.{m[1]}"),
+    (re.compile(r"^rpn\.head\.cls_logits\.(weight|bias)$"),
+     lambda m: f"proposal_generator.rpn_head.objectness_logits.{m[1]}"),
+    (re.compile(r"^rpn\.head\.bbox_pred\.(weight|bias)$"), lambda m: f"proposal_generator.rpn_head.anchor_deltas.{m[1]}"),
+    (re.compile(r"^roi_heads\.box_head\.fc6\.(weight|bias)$"), lambda m: f"roi_heads.box_head.fc1.{m[1]}"),
+    (re.compile(r"^roi_heads\.box_head\.fc7\.(weight|bias)$"), lambda m: f"roi_heads.box_head.fc2.{m[1]}"),
+    (re.compile(r"^roi_heads\.box_predictor\.(cls_score|bbox_pred)\.(weight|bias)$"),
+     lambda m: f"roi_heads.box_predictor.{m[1]}.{m[2]}"),
+    (re.compile(r"^roi_heads\.mask_head\.mask_fcn(\d+)\.(weight|bias)$"), lambda m: f"roi_heads.mask_head.mask_fcn{m[1]}.{m[2]}"),
+    (re.compile(r"^roi_heads\.mask_head\.(\d+)\.0\.(weight|bias)$"),
+     lambda m: f"roi_heads.mask_head.mask_fcn{int(m[1]) + 1}.{m[2]}"),
+    (re.compile(r"^roi_heads\.mask_predictor\.conv5_mask\.(weight|bias)$"), lambda m: f"roi_heads.mask_head.deconv.{m[1]}"),
+    (re.compile(r"^roi_heads\.mask_predictor\.mask_fcn_logits\.(weight|bias)$"),
+     lambda m: f"roi_heads.mask_head.predictor.{m[1]}"),
+]  # fmt: skip
+
+_CLS_SCORE = "roi_heads.box_predictor.cls_score."
+_BBOX_PRED = "roi_heads.box_predictor.bbox_pred."
+_MASK_PREDICTOR = "roi_heads.mask_head.predictor."
+
+
+def _convert_torchvision_detection(state_dict, out: ConvertedCheckpoint) -> None:
+    for key, tensor in state_dict.items():
+        if key.startswith("backbone.body."):
+            name, why = _torchvision_resnet_name(key[len("backbone.body."):])
+            if name is not None:
+                out.add("backbone.bottom_up." + name, tensor, key)
+            elif why is not None:
+                out.dropped.append((key, why))
+            else:
+                out.unknown[key] = tuple(tensor.shape)
+            continue
+        for pattern, rename in _TV_DETECTION_RULES:
+            m = pattern.match(key)
+            if m:
+                out.add(rename(m), tensor, key)
+                break
+        else:
+            out.unknown[key] = tuple(tensor.shape)
+    _move_background_last(out)
+
+
+def _move_background_last(out: ConvertedCheckpoint) -> None:
+    """torchvision's predictor rows are [background, class 1, ..., class K]; detcore's
+    cls_score is [class 1..K, background], and its class-specific boxes and masks have no
+    background entry."""
+    t = out.tensors
+    if _CLS_SCORE + "bias" not in t:
+        return
+    num_rows = t[_CLS_SCORE + "bias"].shape[0]
+    for leaf in ("weight", "bias"):
+        name = _CLS_SCORE + leaf
+        if name in t:
+            t[name] = torch.cat([t[name][1:], t[name][:1]])
+        name = _BBOX_PRED + leaf
+        if name in t and t[name].shape[0] == 4 * num_rows:
+            t[name] = t[name][4:]
+        name = _MASK_PREDICTOR + leaf
+        if name in t and t[name].shape[0] == num_rows:
+            t[name] = t[name][1:]
+    out.notes.append(
+        f"class order: torchvision's {num_rows} outputs put background first; moved it last in cls_score "
+        f"and dropped the background rows of bbox_pred and the mask predictor ({num_rows - 1} classes: "
+        "class k here is torchvision label k + 1)"
+    )
+
+
+# --- detectron2 ---------------------------------------------------------------------------------
+
+_D2_RULES = [
+    (re.compile(r"(^|\.)stem\.conv1\.norm\."), r"\1stem.bn1."),
+    (re.compile(r"(^|\.)(res\d\.\d+)\.conv(\d)\.norm\."), r"\1\2.bn\3."),
+    (re.compile(r"(^|\.)(res\d\.\d+)\.shortcut\.norm\."), r"\1\2.downsample.1."),
+    (re.compile(r"(^|\.)(res\d\.\d+)\.shortcut\.(weight|bias)$"), r"\1\2.downsample.0.\3"),
+]
+_D2_DERIVED = re.compile(r"^(pixel_mean|pixel_std)$|anchor_generator\.cell_anchors")
+_BODY_RELATIVE = re.compile(r"^(stem|res\d)\.")
+
+
+def _convert_detectron2(state_dict, out: ConvertedCheckpoint) -> None:
+    for key, tensor in state_dict.items():
+        if _D2_DERIVED.search(key):
+            out.dropped.append((key, "derived from the config (detcore recomputes it)"))
+            continue
+        name = key
+        for pattern, replacement in _D2_RULES:
+            name = pattern.sub(replacement, name)
+        out.add(name, tensor, key)
+    if out.tensors and all(_BODY_RELATIVE.match(k) for k in out.tensors):
+        out.body_relative = True
+
+
+# --- caffe2 (Detectron, MSRA ImageNet) ----------------------------------------------------------
+
+_C2_RULES = [
+    (re.compile(r"^conv1_([wb])$"), lambda m: ("stem.conv1", m[1], None)),
+    (re.compile(r"^res_conv1_(bn|gn)_([sb])$"), lambda m: ("stem.bn1", m[2], m[1])),
+    (re.compile(r"^(res\d)_(\d+)_branch2([abc])_([wb])$"), lambda m: (f"{m[1]}.{m[2]}.conv{'abc'.index(m[3]) + 1}", m[4], None)),
+    (re.compile(r"^(res\d)_(\d+)_branch2([abc])_(bn|gn)_([sb])$"),
+     lambda m: (f"{m[1]}.{m[2]}.bn{'abc'.index(m[3]) + 1}", m[5], m[4])),
+    (re.compile(r"^(res\d)_(\d+)_branch1_([wb])$"), lambda m: (f"{m[1]}.{m[2]}.downsample.0", m[3], None)),
+    (re.compile(r"^(res\d)_(\d+)_branch1_(bn|gn)_([sb])$"), lambda m: (f"{m[1]}.{m[2]}.downsample.1", m[4], m[3])),
+]  # fmt: skip
+_C2_LEAF = {"w": "weight", "b": "bias", "s": "weight"}
+# detcore's FrozenBatchNorm2d eps: running_var = 1 - eps makes its scale exactly the weight.
+_FROZEN_BN_EPS = 1e-5
+
+
+def _convert_caffe2(state_dict, out: ConvertedCheckpoint) -> None:
+    out.body_relative = True
+    affine_norms = {}
+    for key, tensor in state_dict.items():
+        if key.endswith("_momentum"):
+            out.dropped.append((key, "optimizer state"))
+            continue
+        if key.startswith("fc1000_") or key.startswith("pred_"):
+            out.dropped.append((key, "ImageNet classifier: a detection body has none"))
+            continue
+        for pattern, rename in _C2_RULES:
+            m = pattern.match(key)
+            if m:
+                module, leaf, norm = rename(m)
+                out.add(f"{module}.{_C2_LEAF[leaf]}", tensor, key)
+                if norm == "bn":
+                    affine_norms[module] = (tensor.shape[0], key.rsplit("_", 1)[0])
+                break
+        else:
+            out.unknown[key] = tuple(tensor.shape)
+    # caffe2's AffineChannel is a norm with fixed scale and shift only: give it identity statistics.
+    for module, (channels, source) in affine_norms.items():
+        for leaf, value in (("running_mean", 0.0), ("running_var", 1.0 - _FROZEN_BN_EPS)):
+            name = f"{module}.{leaf}"
+            if name not in out.tensors:
+                out.add(name, torch.full((channels,), value), f"({source}: affine only, identity statistics)")
+                out.synthesized.add(name)
+    if affine_norms:
+        out.notes.append(
+            "caffe2 norms are affine only (scale, shift): their running statistics were set to mean 0, "
+            f"var 1 - {_FROZEN_BN_EPS}, which FrozenBN turns into exactly that scale and shift"
+        )
+
+
+# --- entry point --------------------------------------------------------------------------------
+
+_CONVERTERS = {
+    "torchvision-detection": _convert_torchvision_detection,
+    "detectron2": _convert_detectron2,
+    "caffe2-resnet": _convert_caffe2,
+    "torchvision-resnet": _convert_torchvision_resnet,
+}
+
+
+def convert_keys(state_dict: Dict[str, torch.Tensor], format: str = "auto") -> ConvertedCheckpoint:
+    """Rename a checkpoint's tensors to detcore names (see the module docstring).
+
+    Args:
+        state_dict: checkpoint key -> tensor.
+        format: one of FORMATS, or "auto" to detect it from the keys.
+    """
+    if format != "auto" and format not in FORMATS:
+        raise ValueError(f"format must be 'auto' or one of {FORMATS}, got {format!r}")
+    if not state_dict:
+        raise ValueError("the checkpoint holds no tensors")
+    notes = []
+    # DistributedDataParallel wraps every name in "module."; a backbone-only format keeps it as
+    # part of its prefix search instead (e.g. "module.pre." of a wrapped self-supervised model).
+    if all(k.startswith("module.") for k in state_dict) and format != "torchvision-resnet":
+        stripped = {k[len("module."):]: v for k, v in state_dict.items()}
+        if format != "auto" or detect_format(stripped) != "torchvision-resnet":
+            state_dict = stripped
+            notes.append("stripped the 'module.' prefix (a DistributedDataParallel checkpoint)")
+    if format == "auto":
+        format = detect_format(state_dict)
+    out = ConvertedCheckpoint(format=format, notes=notes)
+    if format == "detcore":
+        for key, tensor in state_dict.items():
+            out.add(key, tensor, key)
+        if out.tensors and all(_BODY_RELATIVE.match(k) for k in out.tensors):
+            out.body_relative = True
+    else:
+        _CONVERTERS[format](state_dict, out)
+    return out

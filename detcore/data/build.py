@@ -1,0 +1,212 @@
+"""Data loaders: registered dataset names -> batches of model inputs (lists of dicts).
+
+    loader = build_detection_train_loader(cfg)          # endless; batches of IMS_PER_BATCH / world
+    for batch in build_detection_test_loader(cfg, "shapes_val"):  # this rank's shard, batch 1
+        ...
+
+``make_detection_train_loader`` / ``make_detection_test_loader`` take plain arguments (records,
+mapper, batch size...); the ``build_*`` functions translate the config into them.
+"""
+import logging
+import pickle
+from typing import Callable, List, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset
+
+from .catalog import DatasetCatalog, MetadataCatalog
+from .dataset_mapper import DatasetMapper
+from .datasets.builtin import set_datasets_root
+from .samplers import (
+    GroupedBatchSampler,
+    InferenceSampler,
+    TrainingSampler,
+    aspect_ratio_group_ids,
+    get_rank_and_world_size,
+)
+
+__all__ = [
+    "DatasetFromList",
+    "MapDataset",
+    "get_detection_dataset_dicts",
+    "trivial_batch_collator",
+    "make_detection_train_loader",
+    "make_detection_test_loader",
+    "build_detection_train_loader",
+    "build_detection_test_loader",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class DatasetFromList(Dataset):
+    """A list of records as a map-style dataset.
+
+    The records are pickled into one numpy byte buffer: data-loader workers then share a single
+    read-only block of memory, where a list of 100k dicts would be copied page by page into every
+    worker as Python's reference counting touches them. Each access unpickles a fresh copy, so a
+    mapper may edit what it gets.
+    """
+
+    def __init__(self, records: Sequence[dict]):
+        blobs = [np.frombuffer(pickle.dumps(r, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8) for r in records]
+        self._ends = np.cumsum([len(b) for b in blobs], dtype=np.int64)
+        self._data = np.concatenate(blobs) if blobs else np.zeros(0, dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, index: int) -> dict:
+        start = int(self._ends[index - 1]) if index > 0 else 0
+        return pickle.loads(memoryview(self._data[start : int(self._ends[index])]))
+
+
+class MapDataset(Dataset):
+    """``dataset`` with ``map_func`` applied to every item on access."""
+
+    def __init__(self, dataset: Dataset, map_func: Callable[[dict], dict]):
+        self.dataset = dataset
+        self.map_func = map_func
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.map_func(self.dataset[index])
+
+
+def trivial_batch_collator(batch: List[dict]) -> List[dict]:
+    """Batches stay lists of dicts: images differ in size, the model pads them itself."""
+    return batch
+
+
+def _worker_init(worker_id: int) -> None:
+    # Augmentations draw from np.random: give every worker its own stream, derived from the
+    # per-worker torch seed (which itself derives from the main process' torch RNG).
+    np.random.seed(torch.initial_seed() % 2**32)
+
+
+def get_detection_dataset_dicts(names: Union[str, Sequence[str]], filter_empty: bool = True) -> List[dict]:
+    """Records of the named datasets, concatenated. With ``filter_empty``, images without any
+    non-crowd annotation are dropped (they teach a detector nothing; detectron2 does the same)."""
+    if isinstance(names, str):
+        names = [names]
+    if len(names) == 0:
+        raise ValueError("get_detection_dataset_dicts: no dataset names given")
+    records: List[dict] = []
+    for name in names:
+        recs = DatasetCatalog.get(name)
+        if len(recs) == 0:
+            raise ValueError(f"Dataset '{name}' is empty")
+        records.extend(recs)
+    _check_same_classes(names)
+    if filter_empty and any("annotations" in r for r in records):
+        before = len(records)
+        records = [r for r in records if any(a.get("iscrowd", 0) == 0 for a in r.get("annotations", []))]
+        if before != len(records):
+            logger.info(
+                "Removed %d images with no usable annotations; %d images left", before - len(records), len(records)
+            )
+        if not records:
+            raise ValueError(f"No image of {list(names)} has a non-crowd annotation: nothing to train on")
+    return records
+
+
+def _check_same_classes(names: Sequence[str]) -> None:
+    classes = [(n, MetadataCatalog.get(n).get("thing_classes")) for n in names]
+    classes = [(n, c) for n, c in classes if c is not None]
+    for n, c in classes[1:]:
+        if list(c) != list(classes[0][1]):
+            raise ValueError(
+                f"Datasets '{classes[0][0]}' and '{n}' have different thing_classes "
+                f"({list(classes[0][1])} vs {list(c)}); they cannot be trained on together"
+            )
+
+
+def make_detection_train_loader(
+    records: Union[Sequence[dict], Dataset],
+    mapper: Callable[[dict], dict],
+    total_batch_size: int,
+    *,
+    aspect_ratio_grouping: bool = True,
+    num_workers: int = 0,
+    seed: Optional[int] = None,
+    sampler: Optional[torch.utils.data.Sampler] = None,
+) -> DataLoader:
+    """An endless loader of ``total_batch_size / world_size`` mapped records per batch on this
+    rank. ``sampler`` defaults to a ``TrainingSampler`` seeded with ``seed``."""
+    _, world = get_rank_and_world_size()
+    if total_batch_size <= 0 or total_batch_size % world != 0:
+        raise ValueError(
+            f"total batch size (SOLVER.IMS_PER_BATCH) must be a positive multiple of the number of "
+            f"processes ({world}), got {total_batch_size}"
+        )
+    batch_size = total_batch_size // world
+    dataset = records if isinstance(records, Dataset) else DatasetFromList(records)
+    if sampler is None:
+        sampler = TrainingSampler(len(dataset), seed=seed)
+    if aspect_ratio_grouping:
+        if isinstance(records, Dataset):
+            raise ValueError(
+                "aspect_ratio_grouping needs the records (a list of dicts with width/height), not a Dataset"
+            )
+        batch_sampler = GroupedBatchSampler(sampler, aspect_ratio_group_ids(records), batch_size)
+    else:
+        batch_sampler = BatchSampler(sampler, batch_size, drop_last=True)
+    return DataLoader(
+        MapDataset(dataset, mapper),
+        batch_sampler=batch_sampler,
+        num_workers=num_workers,
+        collate_fn=trivial_batch_collator,
+        worker_init_fn=_worker_init,
+    )
+
+
+def make_detection_test_loader(
+    records: Union[Sequence[dict], Dataset],
+    mapper: Callable[[dict], dict],
+    *,
+    batch_size: int = 1,
+    num_workers: int = 0,
+) -> DataLoader:
+    """A finite loader over this rank's shard (``InferenceSampler``), in dataset order."""
+    dataset = records if isinstance(records, Dataset) else DatasetFromList(records)
+    return DataLoader(
+        MapDataset(dataset, mapper),
+        sampler=InferenceSampler(len(dataset)),
+        batch_size=batch_size,
+        drop_last=False,
+        num_workers=num_workers,
+        collate_fn=trivial_batch_collator,
+        worker_init_fn=_worker_init,
+    )
+
+
+def build_detection_train_loader(cfg, mapper: Optional[Callable[[dict], dict]] = None) -> DataLoader:
+    """Train loader of ``cfg.DATASETS.TRAIN`` (see ``make_detection_train_loader``)."""
+    set_datasets_root(cfg.DATASETS.ROOT or None)
+    records = get_detection_dataset_dicts(cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS)
+    if cfg.DATALOADER.SAMPLER_TRAIN != "TrainingSampler":
+        raise ValueError(
+            f"DATALOADER.SAMPLER_TRAIN: unknown sampler {cfg.DATALOADER.SAMPLER_TRAIN!r}; available: TrainingSampler"
+        )
+    return make_detection_train_loader(
+        records,
+        mapper if mapper is not None else DatasetMapper.from_config(cfg, is_train=True),
+        cfg.SOLVER.IMS_PER_BATCH,
+        aspect_ratio_grouping=cfg.DATALOADER.ASPECT_RATIO_GROUPING,
+        num_workers=cfg.DATALOADER.NUM_WORKERS,
+        seed=cfg.SEED if cfg.SEED >= 0 else None,
+    )
+
+
+def build_detection_test_loader(cfg, dataset_name: str, mapper: Optional[Callable[[dict], dict]] = None) -> DataLoader:
+    """Inference loader of one dataset: every image once across ranks, batches of 1."""
+    set_datasets_root(cfg.DATASETS.ROOT or None)
+    records = get_detection_dataset_dicts([dataset_name], filter_empty=False)
+    return make_detection_test_loader(
+        records,
+        mapper if mapper is not None else DatasetMapper.from_config(cfg, is_train=False),
+        num_workers=cfg.DATALOADER.NUM_WORKERS,
+    )

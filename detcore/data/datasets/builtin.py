@@ -1,0 +1,124 @@
+"""The datasets every detcore process knows by name: ``coco_2017_{train,val}``,
+``coco_2014_{train,val}``, ``shapes_train`` and ``shapes_val``.
+
+COCO is looked for under the data root, resolved when the dataset is used (not at import):
+``cfg.DATASETS.ROOT`` when set (the loader builders pass it to ``set_datasets_root``), else
+``$DETCORE_DATASETS``, else ``./datasets``; with the usual layout::
+
+    <root>/coco/annotations/instances_train2017.json
+    <root>/coco/train2017/*.jpg
+
+The shapes splits are generated into the cache on first use (see ``shapes.py``).
+"""
+import os
+from typing import Optional
+
+from ..catalog import DatasetCatalog, MetadataCatalog
+from .coco import load_coco_json
+from .shapes import SHAPES_CLASSES, ShapesSpec, ensure_shapes_dataset
+
+__all__ = ["get_datasets_root", "set_datasets_root", "register_shapes", "COCO_CATEGORIES"]
+
+_ENV_VAR = "DETCORE_DATASETS"
+_root_override: Optional[str] = None
+
+# (json category id, name) of the 80 COCO thing classes; ids are sparse, as in the json.
+COCO_CATEGORIES = [
+    (1, "person"), (2, "bicycle"), (3, "car"), (4, "motorcycle"), (5, "airplane"), (6, "bus"),
+    (7, "train"), (8, "truck"), (9, "boat"), (10, "traffic light"), (11, "fire hydrant"),
+    (13, "stop sign"), (14, "parking meter"), (15, "bench"), (16, "bird"), (17, "cat"), (18, "dog"),
+    (19, "horse"), (20, "sheep"), (21, "cow"), (22, "elephant"), (23, "bear"), (24, "zebra"),
+    (25, "giraffe"), (27, "backpack"), (28, "umbrella"), (31, "handbag"), (32, "tie"),
+    (33, "suitcase"), (34, "frisbee"), (35, "skis"), (36, "snowboard"), (37, "sports ball"),
+    (38, "kite"), (39, "baseball bat"), (40, "baseball glove"), (41, "skateboard"), (42, "surfboard"),
+    (43, "tennis racket"), (44, "bottle"), (46, "wine glass"), (47, "cup"), (48, "fork"), (49, "knife"),
+    (50, "spoon"), (51, "bowl"), (52, "banana"), (53, "apple"), (54, "sandwich"), (55, "orange"),
+    (56, "broccoli"), (57, "carrot"), (58, "hot dog"), (59, "pizza"), (60, "donut"), (61, "cake"),
+    (62, "chair"), (63, "couch"), (64, "potted plant"), (65, "bed"), (67, "dining table"),
+    (70, "toilet"), (72, "tv"), (73, "laptop"), (74, "mouse"), (75, "remote"), (76, "keyboard"),
+    (77, "cell phone"), (78, "microwave"), (79, "oven"), (80, "toaster"), (81, "sink"),
+    (82, "refrigerator"), (84, "book"), (85, "clock"), (86, "vase"), (87, "scissors"),
+    (88, "teddy bear"), (89, "hair drier"), (90, "toothbrush"),
+]
+
+# name -> (image folder, annotation json), relative to <root>/coco.
+_COCO_SPLITS = {
+    "coco_2017_train": ("train2017", "annotations/instances_train2017.json"),
+    "coco_2017_val": ("val2017", "annotations/instances_val2017.json"),
+    "coco_2014_train": ("train2014", "annotations/instances_train2014.json"),
+    "coco_2014_val": ("val2014", "annotations/instances_val2014.json"),
+}
+
+_SHAPES_SPLITS = {
+    "shapes_train": ShapesSpec(split="train", num_images=800),
+    "shapes_val": ShapesSpec(split="val", num_images=100),
+}
+
+
+def set_datasets_root(root: Optional[str]) -> None:
+    """Use ``root`` as the data root from now on (``None`` or "": back to the env var / default)."""
+    global _root_override
+    _root_override = os.fspath(root) if root else None
+
+
+def get_datasets_root() -> str:
+    """``set_datasets_root``'s value, else ``$DETCORE_DATASETS``, else ``./datasets``."""
+    return _root_override or os.environ.get(_ENV_VAR) or "datasets"
+
+
+def _coco_paths(name: str, check: bool = False):
+    image_dir, json_rel = _COCO_SPLITS[name]
+    root = get_datasets_root()
+    json_file = os.path.join(root, "coco", json_rel)
+    image_root = os.path.join(root, "coco", image_dir)
+    if check:
+        for path, what in ((json_file, "annotation file"), (image_root, "image folder")):
+            if not os.path.exists(path):
+                raise FileNotFoundError(
+                    f"Dataset '{name}': {what} not found at {os.path.abspath(path)}. The data root is "
+                    f"cfg.DATASETS.ROOT if set, else ${_ENV_VAR}, else ./datasets (now: '{root}'); it must "
+                    f"hold coco/{json_rel} and coco/{image_dir}/"
+                )
+    return json_file, image_root
+
+
+def _register_coco(name: str) -> None:
+    DatasetCatalog.register(name, lambda: load_coco_json(*_coco_paths(name, check=True), dataset_name=name))
+    meta = MetadataCatalog.get(name)
+    meta.set(
+        thing_classes=[n for _, n in COCO_CATEGORIES],
+        thing_dataset_id_to_contiguous_id={cid: i for i, (cid, _) in enumerate(COCO_CATEGORIES)},
+        evaluator_type="coco",
+    )
+    meta.set_lazy("json_file", lambda: _coco_paths(name)[0])
+    meta.set_lazy("image_root", lambda: _coco_paths(name)[1])
+
+
+def register_shapes(name: str, spec: ShapesSpec, cache_dir: Optional[str] = None) -> None:
+    """Register a shapes split under ``name``; it is generated into ``cache_dir`` (default:
+    ``$DETCORE_CACHE`` or ``~/.cache/detcore``, read when first used) the first time its
+    records or its json_file / image_root are asked for."""
+
+    def folder() -> str:
+        return ensure_shapes_dataset(spec, cache_dir)
+
+    DatasetCatalog.register(
+        name, lambda: load_coco_json(os.path.join(folder(), "annotations.json"), os.path.join(folder(), "images"), name)
+    )
+    meta = MetadataCatalog.get(name)
+    meta.set(
+        thing_classes=list(SHAPES_CLASSES),
+        thing_dataset_id_to_contiguous_id={i + 1: i for i in range(len(SHAPES_CLASSES))},
+        evaluator_type="coco",
+    )
+    meta.set_lazy("json_file", lambda: os.path.join(folder(), "annotations.json"))
+    meta.set_lazy("image_root", lambda: os.path.join(folder(), "images"))
+
+
+def register_all_builtin() -> None:
+    for name in _COCO_SPLITS:
+        if name not in DatasetCatalog:
+            _register_coco(name)
+    for name, spec in _SHAPES_SPLITS.items():
+        if name not in DatasetCatalog:
+            register_shapes(name, spec)

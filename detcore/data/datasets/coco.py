@@ -1,0 +1,197 @@
+"""COCO-format json -> records ("dataset dicts"), and registering any COCO-format dataset.
+
+A record is one image::
+
+    {"file_name": "<image_root>/<file_name>", "height": int, "width": int, "image_id": int,
+     "annotations": [{"id": int, "bbox": [x1, y1, x2, y2] (float, xyxy), "category_id": int in
+                      [0, K) (contiguous), "iscrowd": 0 or 1,
+                      "segmentation": [[x0, y0, x1, y1, ...], ...] or an RLE dict (optional)}]}
+
+Nothing is dropped here except polygons with fewer than 3 points (and instances left without
+any polygon, as detectron2 does); crowd, degenerate and empty-image handling belongs to the
+training pipeline (``get_detection_dataset_dicts`` and the mapper). Anything malformed is an
+error naming the json file and the annotation (or image) id.
+"""
+import json
+import logging
+import numbers
+import os
+from typing import Any, Dict, List, Optional
+
+from ..catalog import DatasetCatalog, MetadataCatalog
+
+__all__ = ["load_coco_json", "register_coco_instances"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Malformed(ValueError):
+    pass
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _read_json(json_file: str) -> dict:
+    if not os.path.isfile(json_file):
+        raise FileNotFoundError(f"COCO json file not found: {json_file}")
+    try:
+        with open(json_file, "r") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{json_file} is not valid json: {e}") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("images", "categories")):
+        raise ValueError(f"{json_file}: a COCO json needs 'images' and 'categories' lists at the top level")
+    return data
+
+
+def _parse_categories(data: dict, json_file: str):
+    cats = data["categories"]
+    for i, c in enumerate(cats):
+        if not isinstance(c, dict) or not isinstance(c.get("id"), int) or not isinstance(c.get("name"), str):
+            raise ValueError(f"{json_file}: category #{i} needs an int 'id' and a str 'name', got {c!r}")
+    cats = sorted(cats, key=lambda c: c["id"])
+    ids = [c["id"] for c in cats]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{json_file}: category ids are not unique: {ids}")
+    # COCO ids are sparse (1..90 for 80 classes); the model wants 0..K-1 in id order.
+    return [c["name"] for c in cats], {cid: i for i, cid in enumerate(ids)}
+
+
+def _parse_segmentation(segm: Any, height: int, width: int) -> Optional[Any]:
+    """Validated segmentation, or None when no polygon with >= 3 points is left."""
+    if isinstance(segm, dict):
+        if "counts" not in segm or "size" not in segm:
+            raise _Malformed(f"an RLE segmentation needs 'counts' and 'size', got keys {sorted(segm)}")
+        if list(segm["size"]) != [height, width]:
+            raise _Malformed(f"RLE size {list(segm['size'])} does not match the image size [{height}, {width}]")
+        return segm
+    if not isinstance(segm, list):
+        raise _Malformed(f"segmentation must be a list of polygons or an RLE dict, got {type(segm).__name__}")
+    polygons = []
+    for poly in segm:
+        if not isinstance(poly, list) or not all(_is_number(v) for v in poly):
+            raise _Malformed("every polygon must be a flat list of numbers [x0, y0, x1, y1, ...]")
+        if len(poly) % 2 != 0:
+            raise _Malformed(f"a polygon has an odd number of coordinates ({len(poly)})")
+        if len(poly) >= 6:  # shorter "polygons" (points, lines) exist in COCO; they cover nothing
+            polygons.append([float(v) for v in poly])
+    return polygons or None
+
+
+def _parse_annotation(ann: Any, images: Dict[int, dict], id_map: Dict[int, int]) -> Optional[dict]:
+    if not isinstance(ann, dict):
+        raise _Malformed(f"an annotation must be a json object, got {type(ann).__name__}")
+    image_id = ann.get("image_id")
+    if image_id not in images:
+        raise _Malformed(f"image_id {image_id!r} is not in 'images'")
+    bbox = ann.get("bbox")
+    if not isinstance(bbox, list) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
+        raise _Malformed(f"bbox must be 4 numbers [x, y, w, h], got {bbox!r}")
+    if ann.get("category_id") not in id_map:
+        raise _Malformed(f"category_id {ann.get('category_id')!r} is not in 'categories' (ids {sorted(id_map)})")
+    iscrowd = ann.get("iscrowd", 0)
+    if iscrowd not in (0, 1):
+        raise _Malformed(f"iscrowd must be 0 or 1, got {iscrowd!r}")
+    x, y, w, h = (float(v) for v in bbox)
+    out = {
+        "id": ann["id"],
+        "bbox": [x, y, x + w, y + h],
+        "category_id": id_map[ann["category_id"]],
+        "iscrowd": int(iscrowd),
+    }
+    if "segmentation" in ann:
+        img = images[image_id]
+        segm = _parse_segmentation(ann["segmentation"], img["height"], img["width"])
+        if segm is None:
+            return None
+        out["segmentation"] = segm
+    return out
+
+
+def _parse_image(img: Any, index: int, json_file: str) -> dict:
+    if not isinstance(img, dict):
+        raise ValueError(f"{json_file}: image #{index} must be a json object, got {type(img).__name__}")
+    for key, kind in (("id", int), ("file_name", str), ("height", int), ("width", int)):
+        if not isinstance(img.get(key), kind) or isinstance(img.get(key), bool):
+            raise ValueError(
+                f"{json_file}: image #{index} (id {img.get('id')!r}) needs '{key}' of type {kind.__name__}, "
+                f"got {img.get(key)!r}"
+            )
+    if img["height"] <= 0 or img["width"] <= 0:
+        raise ValueError(f"{json_file}: image id {img['id']} has size {img['height']}x{img['width']}")
+    return img
+
+
+def load_coco_json(json_file: str, image_root: str, dataset_name: Optional[str] = None) -> List[dict]:
+    """Read a COCO instances json into records (see the module docstring for their fields).
+
+    With ``dataset_name``, its metadata gets ``thing_classes`` (category names in id order) and
+    ``thing_dataset_id_to_contiguous_id`` (json category id -> contiguous id), which the COCO
+    evaluator uses to map predictions back.
+    """
+    json_file, image_root = os.fspath(json_file), os.fspath(image_root)
+    data = _read_json(json_file)
+    thing_classes, id_map = _parse_categories(data, json_file)
+
+    images: Dict[int, dict] = {}
+    for i, img in enumerate(data["images"]):
+        img = _parse_image(img, i, json_file)
+        if img["id"] in images:
+            raise ValueError(f"{json_file}: image id {img['id']} appears twice in 'images'")
+        images[img["id"]] = img
+
+    anns_by_image: Dict[int, List[dict]] = {i: [] for i in images}
+    seen_ids = set()
+    dropped = 0
+    anns = data.get("annotations", [])  # absent in test-set jsons
+    if not isinstance(anns, list):
+        raise ValueError(f"{json_file}: 'annotations' must be a list, got {type(anns).__name__}")
+    for i, ann in enumerate(anns):
+        ann_id = ann.get("id") if isinstance(ann, dict) else None
+        where = f"{json_file}: " + (f"annotation id {ann_id}" if ann_id is not None else f"annotation #{i} (no 'id')")
+        if ann_id is None:
+            raise ValueError(f"{where}: every annotation needs an 'id'")
+        if ann_id in seen_ids:
+            raise ValueError(f"{where}: annotation ids must be unique, this one appears twice")
+        seen_ids.add(ann_id)
+        try:
+            parsed = _parse_annotation(ann, images, id_map)
+        except _Malformed as e:
+            raise ValueError(f"{where}: {e}") from None
+        if parsed is None:
+            dropped += 1
+            continue
+        anns_by_image[ann["image_id"]].append(parsed)
+    if dropped:
+        logger.warning(
+            "%s: dropped %d annotations whose segmentation has no polygon of 3 or more points", json_file, dropped
+        )
+
+    records = []
+    for image_id, img in images.items():
+        records.append(
+            {
+                "file_name": os.path.join(image_root, img["file_name"]),
+                "height": img["height"],
+                "width": img["width"],
+                "image_id": image_id,
+                "annotations": anns_by_image[image_id],
+            }
+        )
+    logger.info("Loaded %d images and %d annotations from %s", len(records), len(seen_ids) - dropped, json_file)
+    if dataset_name is not None:
+        MetadataCatalog.get(dataset_name).set(thing_classes=thing_classes, thing_dataset_id_to_contiguous_id=id_map)
+    return records
+
+
+def register_coco_instances(name: str, metadata: Dict[str, Any], json_file: str, image_root: str) -> None:
+    """Register a COCO-format dataset: ``DatasetCatalog.get(name)`` will read ``json_file`` and
+    point records at images under ``image_root``. ``metadata`` (may be empty) is added to the
+    dataset's metadata together with json_file, image_root and ``evaluator_type="coco"``."""
+    if not isinstance(metadata, dict):
+        raise TypeError(f"register_coco_instances('{name}'): metadata must be a dict, got {type(metadata).__name__}")
+    json_file, image_root = os.fspath(json_file), os.fspath(image_root)
+    DatasetCatalog.register(name, lambda: load_coco_json(json_file, image_root, name))
+    MetadataCatalog.get(name).set(json_file=json_file, image_root=image_root, evaluator_type="coco", **metadata)

@@ -1,0 +1,368 @@
+"""Checkpoints: crash-safe saving, resuming a run, and loading model weights with a report.
+
+Saving is atomic: the checkpoint is written to a temporary file in the same folder, flushed and
+fsynced, then renamed over the final name (``os.replace``, atomic on POSIX), and only then is the
+``last_checkpoint`` pointer replaced the same way. A process killed at any moment leaves either
+the previous checkpoint or the new one, never a torn file, and the pointer always names a
+complete checkpoint.
+
+Every file is read with ``torch.load(weights_only=True)``: only tensors and plain containers
+are unpickled, so a checkpoint cannot run code. That is why RNG states are stored as tensors and
+tuples (``detcore.utils.comm.rng_states``) and no config object is pickled.
+
+``load_model_weights(model, path)`` is the one entry point for initializing a model from a file
+(MODEL.WEIGHTS, the predictor, test_net). Conversions of other frameworks' key names plug in
+with ``register_weights_converter``.
+"""
+import glob
+import logging
+import os
+import pickle
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from detcore.utils import comm
+
+__all__ = [
+    "Checkpointer",
+    "LoadReport",
+    "atomic_torch_save",
+    "load_checkpoint_file",
+    "load_model_weights",
+    "register_weights_converter",
+    "LAST_CHECKPOINT_FILE",
+]
+
+logger = logging.getLogger(__name__)
+
+LAST_CHECKPOINT_FILE = "last_checkpoint"
+
+StateDict = Dict[str, torch.Tensor]
+# (state dict read from a file, the model's own state dict) -> converted state dict, or None
+# when the converter does not recognize the file's layout.
+WeightsConverter = Callable[[StateDict, StateDict], Optional[StateDict]]
+_CONVERTERS: List[WeightsConverter] = []
+
+
+# --- atomic writes --------------------------------------------------------------------------------
+def _fsync_dir(path: str) -> None:
+    # The rename itself must reach the disk too, or a power loss can undo it.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _atomic_write(path: str, write: Callable[[Any], None], mode: str = "wb") -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp makes 0600; give what open() would
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(folder)
+
+
+def atomic_torch_save(obj: Any, path: str) -> None:
+    """``torch.save(obj, path)`` that never leaves a partial file at ``path``."""
+    _atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def _atomic_write_text(path: str, text: str) -> None:
+    _atomic_write(path, lambda f: f.write(text), mode="w")
+
+
+# --- reading --------------------------------------------------------------------------------------
+def load_checkpoint_file(path: str) -> Any:
+    """``torch.load(path, map_location="cpu", weights_only=True)`` with errors that say why."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint file not found: {path!r}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise pickle.UnpicklingError(
+            f"Refusing to load {path!r}: it holds objects other than tensors and plain containers, "
+            f"and loading them could run arbitrary code (torch.load weights_only=True said: {e})"
+        ) from e
+
+
+def register_weights_converter(func: WeightsConverter) -> WeightsConverter:
+    """Register ``func(file_state, model_state) -> converted state or None``; usable as a
+    decorator. Converters are tried in registration order; the first that returns a dict wins."""
+    _CONVERTERS.append(func)
+    return func
+
+
+def _extract_state_dict(data: Any, path: str) -> StateDict:
+    """The model weights inside a loaded file: a trainer checkpoint's "model", a "state_dict"
+    entry, or the file itself when it is a flat dict of tensors."""
+    if isinstance(data, dict):
+        for key in ("model", "state_dict"):
+            if isinstance(data.get(key), dict):
+                data = data[key]
+                break
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"{path!r} holds no model weights (expected a dict of tensors, got {type(data).__name__})")
+    tensors = {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise ValueError(f"{path!r}: the weights dict holds no tensors (keys: {list(data)[:10]})")
+    if len(tensors) != len(data):
+        ignored = sorted(k for k in data if k not in tensors)
+        logger.warning("%s: ignoring %d non-tensor entries: %s", path, len(ignored), ignored[:10])
+    # Weights saved from a DistributedDataParallel wrapper carry its "module." prefix.
+    if all(k.startswith("module.") for k in tensors):
+        tensors = {k[len("module."):]: v for k, v in tensors.items()}
+    return tensors
+
+
+# --- loading into a model -------------------------------------------------------------------------
+@dataclass
+class LoadReport:
+    """What ``load_model_weights`` did with each key."""
+
+    source: str
+    loaded: List[str] = field(default_factory=list)
+    missing: List[str] = field(default_factory=list)  # in the model, not in the file
+    unexpected: List[str] = field(default_factory=list)  # in the file, not in the model
+    mismatched: List[Tuple[str, Tuple[int, ...], Tuple[int, ...]]] = field(default_factory=list)  # key, file, model
+
+    @property
+    def complete(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def table(self) -> str:
+        """A readable summary; keys of one module are grouped on one line."""
+        total = len(self.loaded) + len(self.missing) + len(self.mismatched)
+        lines = [f"Loaded {len(self.loaded)} of {total} model tensors from {self.source}."]
+        if self.mismatched:
+            lines.append("Shape mismatch (skipped: these keep the model's initialization):")
+            width = max(len(k) for k, _, _ in self.mismatched)
+            lines.append(f"  {'key'.ljust(width)}  {'in file':>18}  {'in model':>18}")
+            for key, file_shape, model_shape in self.mismatched:
+                lines.append(f"  {key.ljust(width)}  {str(tuple(file_shape)):>18}  {str(tuple(model_shape)):>18}")
+        if self.missing:
+            lines.append("Missing in the file (these keep the model's initialization):")
+            lines += [f"  {g}" for g in _group_keys(self.missing)]
+        if self.unexpected:
+            lines.append("Not used by the model (ignored):")
+            lines += [f"  {g}" for g in _group_keys(self.unexpected)]
+        return "\n".join(lines)
+
+
+def _group_keys(keys: List[str]) -> List[str]:
+    """["a.b.weight", "a.b.bias", "c"] -> ["a.b.{bias, weight}", "c"]."""
+    groups: Dict[str, List[str]] = defaultdict(list)
+    for key in sorted(keys):
+        prefix, _, leaf = key.rpartition(".")
+        groups[prefix].append(leaf)
+    out = []
+    for prefix, leaves in groups.items():
+        if not prefix:
+            out += leaves
+        elif len(leaves) == 1:
+            out.append(f"{prefix}.{leaves[0]}")
+        else:
+            out.append(f"{prefix}.{{{', '.join(leaves)}}}")
+    return out
+
+
+def _match(model_state: StateDict, file_state: StateDict, source: str) -> Tuple[StateDict, LoadReport]:
+    report = LoadReport(source=source)
+    usable = {}
+    for key, value in file_state.items():
+        if key not in model_state:
+            report.unexpected.append(key)
+        elif tuple(value.shape) != tuple(model_state[key].shape):
+            report.mismatched.append((key, tuple(value.shape), tuple(model_state[key].shape)))
+        else:
+            usable[key] = value
+            report.loaded.append(key)
+    report.missing = [k for k in model_state if k not in file_state]
+    return usable, report
+
+
+def load_model_weights(model: nn.Module, path: str, *, strict: bool = False) -> LoadReport:
+    """Initialize ``model`` (or a DDP wrapper's module) from the weights in ``path``.
+
+    Tensors whose name and shape match are copied; shape mismatches are skipped with a warning;
+    missing and unexpected keys are listed. The summary table is logged (a warning when anything
+    did not load). ``strict=True`` raises ``ValueError`` instead of loading partially.
+    """
+    model = _unwrap(model)
+    model_state = model.state_dict()
+    file_state = _extract_state_dict(load_checkpoint_file(path), path)
+    for convert in _CONVERTERS:
+        converted = convert(file_state, model_state)
+        if converted is not None:
+            logger.info("%s: key names converted by %s", path, getattr(convert, "__name__", convert))
+            file_state = converted
+            break
+    usable, report = _match(model_state, file_state, path)
+    if strict and not report.complete:
+        raise ValueError(f"The weights in {path!r} do not match the model:\n{report.table()}")
+    model.load_state_dict(usable, strict=False)
+    if report.complete:
+        logger.info("Loaded all %d model tensors from %s", len(report.loaded), path)
+    else:
+        logger.warning(report.table())
+    return report
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+# --- the trainer's checkpointer -------------------------------------------------------------------
+class Checkpointer:
+    """Saves and restores everything a run needs to continue where it stopped.
+
+    A checkpoint holds "model", "optimizer", "scheduler", "grad_scaler" (the ones given),
+    "rng_states" (python / numpy / torch / CUDA, one entry per rank) and whatever ``save`` gets as
+    keyword arguments (the trainer passes ``iteration``). ``save`` must be called on every rank
+    (it gathers the RNG states); only rank 0 writes.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        save_dir: str,
+        *,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        scheduler: Optional[Any] = None,
+        grad_scaler: Optional[Any] = None,
+        save_to_disk: Optional[bool] = None,
+    ):
+        self.model = _unwrap(model)
+        self.save_dir = save_dir
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.grad_scaler = grad_scaler
+        self.save_to_disk = comm.is_main_process() if save_to_disk is None else save_to_disk
+
+    def _pointer_path(self) -> str:
+        return os.path.join(self.save_dir, LAST_CHECKPOINT_FILE)
+
+    def save(self, name: str, **extra: Any) -> Optional[str]:
+        """Write ``<save_dir>/<name>.pth`` and point ``last_checkpoint`` at it; returns the path
+        (None on ranks that do not write)."""
+        rng = comm.all_gather(comm.rng_states())
+        if not self.save_to_disk:
+            return None
+        data = {"model": self.model.state_dict()}
+        for key, obj in (("optimizer", self.optimizer), ("scheduler", self.scheduler), ("grad_scaler", self.grad_scaler)):
+            if obj is not None:
+                data[key] = obj.state_dict()
+        data["rng_states"] = rng
+        data.update(extra)
+        filename = f"{name}.pth"
+        path = os.path.join(self.save_dir, filename)
+        atomic_torch_save(data, path)
+        _atomic_write_text(self._pointer_path(), filename)
+        self._remove_stale_temp_files()
+        logger.info("Saved checkpoint %s", path)
+        return path
+
+    def _remove_stale_temp_files(self) -> None:
+        # Left by runs killed mid-save. Only rank 0 of one run writes into save_dir, and its own
+        # save has finished, so any temporary file still there belongs to a dead process.
+        for tmp in glob.glob(os.path.join(glob.escape(self.save_dir), ".*.tmp")):
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def get_checkpoint_file(self) -> Optional[str]:
+        """The checkpoint ``last_checkpoint`` names, or None when there is none."""
+        try:
+            with open(self._pointer_path()) as f:
+                name = f.read().strip()
+        except FileNotFoundError:
+            return None
+        path = os.path.join(self.save_dir, name)
+        if not name or not os.path.isfile(path):
+            logger.warning("%s names %r, which does not exist", self._pointer_path(), name)
+            return None
+        return path
+
+    def has_checkpoint(self) -> bool:
+        return self.get_checkpoint_file() is not None
+
+    def resume(self, path: Optional[str] = None) -> Dict[str, Any]:
+        """Restore model, optimizer, scheduler, grad scaler and RNG states from ``path`` (default:
+        the last checkpoint). Returns the other entries (e.g. ``iteration``).
+
+        The model must match the checkpoint exactly: resuming a different model is an error.
+        """
+        path = path or self.get_checkpoint_file()
+        if path is None:
+            raise FileNotFoundError(f"No checkpoint to resume from in {self.save_dir!r} (no {LAST_CHECKPOINT_FILE})")
+        data = load_checkpoint_file(path)
+        if not isinstance(data, dict) or "model" not in data:
+            raise ValueError(f"{path!r} is not a training checkpoint (no 'model' entry); use MODEL.WEIGHTS for weights")
+        usable, report = _match(self.model.state_dict(), _extract_state_dict({"model": data.pop("model")}, path), path)
+        if not report.complete:
+            raise ValueError(f"Cannot resume from {path!r}: it does not match the model.\n{report.table()}")
+        self.model.load_state_dict(usable)
+        for key, obj in (("optimizer", self.optimizer), ("scheduler", self.scheduler), ("grad_scaler", self.grad_scaler)):
+            state = data.pop(key, None)
+            if obj is None:
+                continue
+            if state is None:
+                logger.warning("%s has no '%s' state; it starts fresh", path, key)
+            elif key == "grad_scaler" and not state:
+                continue  # saved from a run without a scaler
+            else:
+                obj.load_state_dict(state)
+        self._restore_rng(data.pop("rng_states", None), path)
+        logger.info("Resumed from %s", path)
+        return data
+
+    def _restore_rng(self, states: Optional[list], path: str) -> None:
+        if not states:
+            logger.warning("%s has no RNG states; random streams are not restored", path)
+            return
+        if len(states) != comm.get_world_size():
+            logger.warning(
+                "%s was saved by %d process(es), this run has %d: random streams are not restored",
+                path, len(states), comm.get_world_size(),
+            )
+            return
+        comm.set_rng_states(states[comm.get_rank()])
+
+    def resume_or_load(self, weights: str, resume: bool = True) -> Dict[str, Any]:
+        """With ``resume`` and a last checkpoint: ``resume()`` it. Otherwise load ``weights``
+        (when not empty) as model weights only. Returns the checkpoint's extra entries ({} for
+        weights)."""
+        if resume and self.has_checkpoint():
+            return self.resume()
+        if resume:
+            logger.info("No checkpoint found in %s; starting from scratch", self.save_dir)
+        if weights:
+            load_model_weights(self.model, weights)
+        return {}

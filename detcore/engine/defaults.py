@@ -1,0 +1,294 @@
+"""The standard training setup: command-line arguments, run setup, and ``DefaultTrainer``.
+
+``tools/train_net.py`` is essentially::
+
+    args = default_argument_parser().parse_args()
+    launch(main, args)            # main: cfg = setup(args); DefaultTrainer(cfg) ... train()
+
+``default_setup`` joins the process group when started by torchrun, so the same command runs
+on one process or many (``torchrun --nproc_per_node N tools/train_net.py ...``).
+"""
+import argparse
+import logging
+import os
+import random
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from detcore.data import MetadataCatalog, build_detection_test_loader, build_detection_train_loader
+from detcore.evaluation import COCOEvaluator, DatasetEvaluator
+from detcore.modeling import build_model
+from detcore.solver import build_gradient_clipper, build_lr_scheduler, build_optimizer
+from detcore.utils import comm
+from detcore.utils.logger import setup_logger
+
+from . import hooks
+from .checkpoint import Checkpointer
+from .events import CommonMetricPrinter, JSONWriter, TensorboardWriter
+from .inference import format_results, inference_on_dataset
+from .train_loop import SimpleTrainer, TrainerBase
+
+__all__ = [
+    "default_argument_parser",
+    "default_setup",
+    "seed_all_rng",
+    "launch",
+    "create_ddp_model",
+    "DefaultTrainer",
+    "METRICS_FILE",
+    "LOSS_CURVE_FILE",
+]
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.json"
+LOSS_CURVE_FILE = "loss_curves.png"
+
+
+def default_argument_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=description or "detcore training / evaluation",
+        epilog=(
+            "Distributed: torchrun --nproc_per_node N tools/train_net.py --config-file X ...\n"
+            "(multi-node: add torchrun's --nnodes / --node_rank / --master_addr / --master_port)"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config-file", required=True, metavar="FILE", help="path to the yaml config")
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="continue from OUTPUT_DIR/last_checkpoint (model, optimizer, schedule, iteration, RNG)",
+    )
+    parser.add_argument("--eval-only", action="store_true", help="only evaluate MODEL.WEIGHTS (or the last checkpoint with --resume)")
+    parser.add_argument(
+        "opts", nargs=argparse.REMAINDER, default=[],
+        help="config overrides as KEY VALUE pairs, e.g. SOLVER.MAX_ITER 100 OUTPUT_DIR out/",
+    )
+    return parser
+
+
+def seed_all_rng(seed: Optional[int] = None) -> int:
+    """Seed python, numpy and torch (all devices); ``None`` draws a fresh seed. Returns it."""
+    if seed is None or seed < 0:
+        seed = int.from_bytes(os.urandom(4), "big") % 2**31
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # all CUDA devices too
+    return seed
+
+
+def default_setup(cfg, args: Optional[argparse.Namespace] = None) -> None:
+    """Everything a run does before building the model:
+
+    joins the process group (torchrun), creates OUTPUT_DIR, logs to the console and
+    OUTPUT_DIR/log.txt, logs the environment, arguments and config, saves config.yaml, and
+    seeds the RNGs (SEED < 0: a random seed, logged; every rank gets seed + rank).
+    """
+    comm.init_distributed(cfg.MODEL.DEVICE)
+    rank = comm.get_rank()
+    output_dir = cfg.OUTPUT_DIR
+    if comm.is_main_process() and output_dir:
+        os.makedirs(output_dir, exist_ok=True)
+    comm.synchronize()
+    setup_logger(output_dir or None, distributed_rank=rank)
+
+    from detcore.utils.collect_env import collect_env_info
+
+    logger.info("Rank of this process: %d; world size: %d", rank, comm.get_world_size())
+    logger.info("Environment:\n%s", collect_env_info())
+    if args is not None:
+        logger.info("Command line arguments: %s", args)
+        if getattr(args, "config_file", None):
+            with open(args.config_file) as f:
+                logger.info("Contents of %s:\n%s", args.config_file, f.read())
+    logger.info("Full config:\n%s", cfg.dump())
+    if comm.is_main_process() and output_dir:
+        path = os.path.join(output_dir, "config.yaml")
+        with open(path, "w") as f:
+            f.write(cfg.dump())
+        logger.info("Config saved to %s", path)
+
+    seed = seed_all_rng(None if cfg.SEED < 0 else cfg.SEED + rank)
+    logger.info("Random seed of this process: %d%s", seed, " (SEED < 0: drawn at random)" if cfg.SEED < 0 else "")
+
+
+def launch(main_func: Callable[..., Any], *args: Any) -> Any:
+    """Run ``main_func(*args)`` and leave the process group (if it joined one) afterwards.
+
+    Processes are started by torchrun, not here; ``default_setup`` joins the group."""
+    try:
+        return main_func(*args)
+    finally:
+        comm.destroy_distributed()
+
+
+def create_ddp_model(model: nn.Module) -> nn.Module:
+    """``model`` wrapped in DistributedDataParallel when there are several processes."""
+    if comm.get_world_size() == 1:
+        return model
+    device_ids = [comm.get_local_rank()] if next(model.parameters()).device.type == "cuda" else None
+    # broadcast_buffers=False: buffers (FrozenBN statistics, pixel mean) never change, and a
+    # broadcast in every forward would hang evaluation, where ranks run unequal numbers of batches.
+    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+class DefaultTrainer(TrainerBase):
+    """Builds model, optimizer, schedule, data loader, checkpointer and hooks from ``cfg``.
+
+        trainer = DefaultTrainer(cfg)
+        trainer.resume_or_load(resume=args.resume)
+        results = trainer.train()      # the final evaluation's results
+
+    Override the ``build_*`` class methods to swap a part (e.g. the evaluator).
+    """
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        model = self.build_model(cfg)
+        optimizer = self.build_optimizer(cfg, model)
+        data_loader = self.build_train_loader(cfg)
+        model = create_ddp_model(model)
+        self._trainer = SimpleTrainer(
+            model,
+            data_loader,
+            optimizer,
+            grad_clipper=build_gradient_clipper(cfg),
+            amp_enabled=cfg.SOLVER.AMP.ENABLED,
+            amp_dtype=cfg.SOLVER.AMP.DTYPE,
+        )
+        self.scheduler = self.build_lr_scheduler(cfg, optimizer)
+        self.checkpointer = Checkpointer(
+            model, cfg.OUTPUT_DIR, optimizer=optimizer, scheduler=self.scheduler, grad_scaler=self._trainer.grad_scaler
+        )
+        self.start_iter = 0
+        self.max_iter = cfg.SOLVER.MAX_ITER
+        self.last_eval_results: Dict = {}
+        self.register_hooks(self.build_hooks())
+
+    @property
+    def model(self) -> nn.Module:
+        return self._trainer.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._trainer.optimizer
+
+    @property
+    def data_loader(self):
+        return self._trainer.data_loader
+
+    def resume_or_load(self, resume: bool = True) -> None:
+        """With ``resume`` and a checkpoint in OUTPUT_DIR: continue from it (next iteration after
+        the saved one). Otherwise start at 0 from MODEL.WEIGHTS (weights only) or from scratch."""
+        extra = self.checkpointer.resume_or_load(self.cfg.MODEL.WEIGHTS, resume=resume)
+        self.start_iter = int(extra["iteration"]) + 1 if "iteration" in extra else 0
+
+    def build_hooks(self) -> List[Optional[hooks.HookBase]]:
+        cfg = self.cfg
+        out = cfg.OUTPUT_DIR
+        main = comm.is_main_process()
+        metrics_file = os.path.join(out, METRICS_FILE)
+
+        def evaluate():
+            self.last_eval_results = self.test(cfg, _unwrap(self.model))
+            return self.last_eval_results
+
+        return [
+            hooks.IterationTimer(),
+            hooks.LRScheduler(self.optimizer, self.scheduler),
+            hooks.PeriodicCheckpointer(self.checkpointer, cfg.SOLVER.CHECKPOINT_PERIOD),
+            hooks.EvalHook(cfg.TEST.EVAL_PERIOD, evaluate) if cfg.DATASETS.TEST else None,
+            hooks.PeriodicWriter(self.build_writers(), cfg.LOG_PERIOD) if main else None,
+            hooks.LossCurvePlotter(metrics_file, os.path.join(out, LOSS_CURVE_FILE), cfg.SOLVER.CHECKPOINT_PERIOD)
+            if main else None,
+        ]
+
+    def build_writers(self) -> list:
+        out = self.cfg.OUTPUT_DIR
+        writers = [CommonMetricPrinter(self.max_iter), JSONWriter(os.path.join(out, METRICS_FILE))]
+        tensorboard = TensorboardWriter.create(out)  # None without the tensorboard package
+        if tensorboard is not None:
+            writers.append(tensorboard)
+        return writers
+
+    def train(self) -> Dict:
+        """Train from ``start_iter`` to SOLVER.MAX_ITER; returns the last evaluation's results."""
+        super().train(self.start_iter, self.max_iter)
+        return self.last_eval_results
+
+    def run_step(self) -> None:
+        self._trainer.iter = self.iter
+        self._trainer.run_step()
+
+    # --- builders (override to customize) -------------------------------------------------------
+    @classmethod
+    def build_model(cls, cfg) -> nn.Module:
+        model = build_model(cfg)
+        n = sum(p.numel() for p in model.parameters())
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        logger.info("Model: %s (%.2fM parameters, %.2fM trainable)", type(model).__name__, n / 1e6, trainable / 1e6)
+        logger.debug("Model:\n%s", model)
+        return model
+
+    @classmethod
+    def build_optimizer(cls, cfg, model: nn.Module) -> torch.optim.Optimizer:
+        return build_optimizer(cfg, model)
+
+    @classmethod
+    def build_lr_scheduler(cls, cfg, optimizer: torch.optim.Optimizer):
+        return build_lr_scheduler(cfg, optimizer)
+
+    @classmethod
+    def build_train_loader(cls, cfg):
+        return build_detection_train_loader(cfg)
+
+    @classmethod
+    def build_test_loader(cls, cfg, dataset_name: str):
+        return build_detection_test_loader(cfg, dataset_name)
+
+    @classmethod
+    def build_evaluator(cls, cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
+        """COCO box (and mask, with MODEL.MASK_ON) AP for datasets whose metadata says "coco"."""
+        if output_folder is None:
+            output_folder = os.path.join(cfg.OUTPUT_DIR, "inference", dataset_name)
+        kind = MetadataCatalog.get(dataset_name).get("evaluator_type", "coco")
+        if kind != "coco":
+            raise NotImplementedError(
+                f"No evaluator for dataset '{dataset_name}' of evaluator_type {kind!r}; override "
+                f"DefaultTrainer.build_evaluator"
+            )
+        tasks = ("bbox", "segm") if cfg.MODEL.MASK_ON else ("bbox",)
+        return COCOEvaluator(
+            dataset_name, tasks, output_folder, distributed=True, metadata_fn=MetadataCatalog.get
+        )
+
+    @classmethod
+    def test(cls, cfg, model: nn.Module, evaluators: Optional[List[DatasetEvaluator]] = None) -> Dict:
+        """Evaluate ``model`` on every DATASETS.TEST dataset.
+
+        Returns ``{task: {metric: value}}`` for a single dataset, ``{dataset: {task: ...}}`` for
+        several; ranks other than 0 get empty dicts.
+        """
+        names = list(cfg.DATASETS.TEST)
+        if evaluators is not None and len(evaluators) != len(names):
+            raise ValueError(f"test: got {len(evaluators)} evaluators for {len(names)} datasets {names}")
+        results = OrderedDict()
+        for i, name in enumerate(names):
+            loader = cls.build_test_loader(cfg, name)
+            evaluator = evaluators[i] if evaluators is not None else cls.build_evaluator(cfg, name)
+            results[name] = inference_on_dataset(_unwrap(model), loader, evaluator)
+            if comm.is_main_process():
+                logger.info("Evaluation results of %s:\n%s", name, format_results(results[name]))
+        if len(results) == 1:
+            return next(iter(results.values()))
+        return results

@@ -1,0 +1,85 @@
+"""Pictures of a model's detections: what ``tools/demo.py`` does, as functions.
+
+    paths = collect_image_paths(["imgs/", "more/*.jpg", "one.png"])
+    written = visualize_images(Predictor(cfg), paths, "out/", class_names=["circle", ...])
+"""
+import glob
+import logging
+import os
+from typing import Callable, List, Optional, Sequence
+
+import cv2
+import numpy as np
+
+from detcore.utils.visualizer import draw_instances
+
+__all__ = ["IMAGE_EXTENSIONS", "collect_image_paths", "visualize_images"]
+
+logger = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+
+
+def _is_image(path: str) -> bool:
+    return os.path.isfile(path) and path.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def collect_image_paths(inputs: Sequence[str]) -> List[str]:
+    """Image files named by ``inputs``: folders (their image files, sorted; not recursive),
+    files, or glob patterns (quote them in the shell, or let the shell expand them). Each file
+    appears once, in the order given. An input that names nothing is an error."""
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    paths: List[str] = []
+    for item in inputs:
+        if os.path.isdir(item):
+            found = sorted(os.path.join(item, n) for n in os.listdir(item) if _is_image(os.path.join(item, n)))
+            what = f"folder {item!r} holds no image files ({', '.join(IMAGE_EXTENSIONS)})"
+        elif os.path.isfile(item):
+            found = [item]
+            what = ""
+        else:
+            found = sorted(p for p in glob.glob(item) if _is_image(p))
+            what = f"{item!r} is not a file or folder, and as a glob pattern it matches no image file"
+        if not found:
+            raise FileNotFoundError(f"--input: {what}")
+        paths += found
+    seen = set()
+    return [p for p in paths if not (os.path.abspath(p) in seen or seen.add(os.path.abspath(p)))]
+
+
+def _output_name(path: str, used: set) -> str:
+    stem = os.path.splitext(os.path.basename(path))[0]
+    name, k = f"{stem}.png", 1
+    while name in used:  # same file name in two input folders
+        name, k = f"{stem}_{k}.png", k + 1
+    used.add(name)
+    return name
+
+
+def visualize_images(
+    predictor: Callable[[np.ndarray], dict],
+    paths: Sequence[str],
+    output_dir: str,
+    class_names: Optional[Sequence[str]] = None,
+    score_threshold: float = 0.5,
+) -> List[str]:
+    """Run ``predictor`` (BGR uint8 image -> dict with "instances") on each image and write the
+    image with its detections drawn (boxes, masks, class names, scores) as a PNG into
+    ``output_dir``. Returns the written paths."""
+    os.makedirs(output_dir, exist_ok=True)
+    used: set = set()
+    written = []
+    for path in paths:
+        image = cv2.imread(path, cv2.IMREAD_COLOR)
+        if image is None:
+            raise OSError(f"could not read image {path!r} (unsupported or corrupt file)")
+        instances = predictor(image)["instances"].to("cpu")
+        drawn = draw_instances(image, instances, class_names=class_names, score_threshold=score_threshold)
+        out = os.path.join(output_dir, _output_name(path, used))
+        if not cv2.imwrite(out, drawn):
+            raise OSError(f"could not write {out!r}")
+        kept = int((instances.scores >= score_threshold).sum()) if instances.has("scores") else len(instances)
+        logger.info("%s: %d detections (score >= %.2f) -> %s", path, kept, score_threshold, out)
+        written.append(out)
+    return written

@@ -1,0 +1,101 @@
+"""Predictor: one image in (as OpenCV reads it), detections out (as numpy arrays).
+
+The simplest way to use a trained model from a script or a notebook:
+
+    predictor = Predictor(cfg)            # cfg.MODEL.WEIGHTS: the trained checkpoint
+    out = predictor(cv2.imread("a.jpg"))  # out["boxes"], out["scores"], out["labels"], out["masks"]
+
+It applies the same test-time preprocessing as the evaluation data loader (channel order
+INPUT.FORMAT, shortest edge resized to INPUT.MIN_SIZE_TEST capped at INPUT.MAX_SIZE_TEST), and
+the model rescales its detections back to the image as given.
+"""
+import numpy as np
+import torch
+
+from detcore.data.transforms import ResizeShortestEdge, ResizeTransform
+from detcore.modeling import build_model
+
+from .checkpoint import LoadReport, load_model_weights
+
+__all__ = ["Predictor"]
+
+_FORMATS = ("BGR", "RGB")
+
+
+class Predictor:
+    """Builds the model of `cfg` in eval mode on MODEL.DEVICE, loads MODEL.WEIGHTS (when set) and
+    runs it on single images.
+
+    `__call__(image)` takes a ``[H, W, 3]`` uint8 numpy array in BGR order and returns a dict of
+    numpy arrays describing the detections in that image's pixel coordinates:
+
+    * ``boxes``: float32 ``[N, 4]`` xyxy;
+    * ``scores``: float32 ``[N]`` confidences;
+    * ``labels``: int64 ``[N]`` class indices in ``[0, NUM_CLASSES)``;
+    * ``masks``: bool ``[N, H, W]``, only for models with a mask head;
+    * ``instances``: the model's raw ``Instances`` (on the CPU).
+    """
+
+    def __init__(self, cfg):
+        self.cfg = cfg.clone()
+        self.input_format = self.cfg.INPUT.FORMAT
+        if self.input_format not in _FORMATS:
+            raise ValueError(f"Predictor: INPUT.FORMAT must be one of {_FORMATS}, got {self.input_format!r}")
+        self.model = build_model(self.cfg)
+        self.model.eval()
+        self.load_report = None
+        if self.cfg.MODEL.WEIGHTS:
+            self.load_weights(self.cfg.MODEL.WEIGHTS)
+        self.min_size, self.max_size = int(self.cfg.INPUT.MIN_SIZE_TEST), int(self.cfg.INPUT.MAX_SIZE_TEST)
+        self.has_masks = bool(getattr(self.model.roi_heads, "mask_on", False))
+
+    def load_weights(self, path: str) -> LoadReport:
+        """Load a state dict or a trainer checkpoint into the model (the engine's loader: matching
+        names and shapes are copied, anything else is reported in the log)."""
+        self.load_report = load_model_weights(self.model, path)
+        return self.load_report
+
+    def _check(self, image) -> None:
+        if not isinstance(image, np.ndarray):
+            raise TypeError(
+                f"Predictor: image must be a numpy uint8 array [H, W, 3] in BGR order (as cv2.imread "
+                f"returns), got {type(image).__name__}"
+            )
+        if image.ndim != 3 or image.shape[2] != 3 or image.shape[0] < 1 or image.shape[1] < 1 or image.dtype != np.uint8:
+            raise ValueError(
+                f"Predictor: image must be a numpy uint8 array [H, W, 3] in BGR order (as cv2.imread "
+                f"returns), got {image.dtype} array of shape {image.shape}"
+            )
+
+    def preprocess(self, image: np.ndarray) -> torch.Tensor:
+        """The checked BGR image as the model's ``[3, H', W']`` uint8 input: INPUT.FORMAT channel
+        order, resized like the evaluation data loader does (same transform, same sizes)."""
+        self._check(image)
+        if self.input_format == "RGB":
+            image = image[:, :, ::-1]
+        image = np.ascontiguousarray(image)
+        if self.min_size > 0:  # MIN_SIZE_TEST 0: no resizing
+            h, w = image.shape[:2]
+            # The loader's ResizeShortestEdge with its one test size, without drawing from np.random.
+            new_h, new_w = ResizeShortestEdge.get_output_shape(h, w, self.min_size, self.max_size)
+            image = ResizeTransform(h, w, new_h, new_w).apply_image(image)
+        return torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)))
+
+    def __call__(self, image: np.ndarray) -> dict:
+        tensor = self.preprocess(image)
+        height, width = image.shape[:2]
+        with torch.no_grad():
+            instances = self.model([{"image": tensor, "height": height, "width": width}])[0]["instances"]
+        instances = instances.to("cpu")
+        out = {
+            "boxes": instances.pred_boxes.tensor.numpy().astype(np.float32, copy=False),
+            "scores": instances.scores.numpy().astype(np.float32, copy=False),
+            "labels": instances.pred_classes.numpy().astype(np.int64, copy=False),
+            "instances": instances,
+        }
+        if self.has_masks:
+            if instances.has("pred_masks"):
+                out["masks"] = instances.pred_masks.numpy().astype(bool, copy=False)
+            else:  # no detections may mean the mask head was never asked for a mask
+                out["masks"] = np.zeros((0, height, width), dtype=bool)
+        return out

@@ -1,0 +1,221 @@
+"""The iteration loop: ``TrainerBase`` runs hooks around each step, ``SimpleTrainer`` does a step.
+
+A training run is ``before_train`` -> for each iteration ``before_step``, ``run_step``,
+``after_step`` -> ``after_train``, with hooks (``HookBase``) doing everything that is not the
+step itself: LR schedule, timing, checkpoints, evaluation, metric writers. ``after_train`` runs
+even when a step raises; hooks that must only act on a finished run (final checkpoint, final
+evaluation, loss curve) look at ``trainer.completed``.
+"""
+import logging
+import math
+import time
+import weakref
+from typing import Callable, Iterable, List, Optional
+
+import torch
+from torch import nn
+
+from detcore.utils import comm
+
+from .events import EventStorage, get_event_storage
+
+__all__ = ["HookBase", "TrainerBase", "SimpleTrainer"]
+
+logger = logging.getLogger(__name__)
+
+_AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class HookBase:
+    """Base class of training hooks; ``self.trainer`` is set when the hook is registered."""
+
+    trainer: "TrainerBase" = None
+
+    def before_train(self) -> None:
+        pass
+
+    def after_train(self) -> None:
+        pass
+
+    def before_step(self) -> None:
+        pass
+
+    def after_step(self) -> None:
+        pass
+
+
+class TrainerBase:
+    """Runs iterations ``[start_iter, max_iter)`` with hooks; subclasses implement ``run_step``.
+
+    Attributes: ``iter`` (the current iteration), ``start_iter``, ``max_iter``, ``storage`` (the
+    run's ``EventStorage``), ``completed`` (True once every iteration ran without an error).
+    """
+
+    def __init__(self):
+        self._hooks: List[HookBase] = []
+        self.iter = 0
+        self.start_iter = 0
+        self.max_iter = 0
+        self.storage: Optional[EventStorage] = None
+        self.completed = False
+
+    def register_hooks(self, hooks: Iterable[Optional[HookBase]]) -> None:
+        """Append hooks (None entries are skipped); they run in the order given."""
+        for hook in hooks:
+            if hook is None:
+                continue
+            if not isinstance(hook, HookBase):
+                raise TypeError(f"register_hooks: expected HookBase instances, got {type(hook).__name__}")
+            # A weak reference: trainer -> hook -> trainer would be a cycle keeping both alive.
+            hook.trainer = weakref.proxy(self)
+            self._hooks.append(hook)
+
+    def train(self, start_iter: int, max_iter: int) -> None:
+        if start_iter < 0 or max_iter < 0:
+            raise ValueError(f"train: start_iter and max_iter must be >= 0, got {start_iter}, {max_iter}")
+        logger.info("Starting training from iteration %d to %d", start_iter, max_iter)
+        self.iter = self.start_iter = start_iter
+        self.max_iter = max_iter
+        self.completed = False
+        with EventStorage(start_iter) as self.storage:
+            try:
+                self.before_train()
+                for self.iter in range(start_iter, max_iter):
+                    self.before_step()
+                    self.run_step()
+                    self.after_step()
+                self.iter = max_iter
+                self.completed = True
+            except Exception:
+                logger.exception("Exception during training at iteration %d:", self.iter)
+                raise
+            finally:
+                self.after_train()
+
+    def before_train(self) -> None:
+        for h in self._hooks:
+            h.before_train()
+
+    def after_train(self) -> None:
+        self.storage.iter = self.iter
+        for h in self._hooks:
+            h.after_train()
+
+    def before_step(self) -> None:
+        self.storage.iter = self.iter
+        for h in self._hooks:
+            h.before_step()
+
+    def after_step(self) -> None:
+        for h in self._hooks:
+            h.after_step()
+        self.storage.step()
+
+    def run_step(self) -> None:
+        raise NotImplementedError
+
+
+class SimpleTrainer(TrainerBase):
+    """One step: next batch -> model losses -> NaN check -> backward -> (clip) -> optimizer step.
+
+    Args:
+        model: returns a dict of scalar losses in training mode (DDP-wrapped when distributed).
+        data_loader: an endless iterable of batches.
+        optimizer: over the model's parameters.
+        grad_clipper: ``clip(parameters)`` called before each optimizer step (see
+            ``detcore.solver.build_gradient_clipper``), or None.
+        amp_enabled, amp_dtype: run the forward pass under ``torch.autocast`` in ``amp_dtype``
+            ("float16" or "bfloat16") on the model's device type. float16 also gets a
+            ``GradScaler``, which scales the loss so small gradients do not flush to zero and
+            skips steps whose gradients overflowed.
+
+    A loss that is NaN or infinite (on any rank: losses are averaged over ranks first, so every
+    rank sees the same values and stops together) raises ``FloatingPointError`` before the
+    backward pass, leaving the model and optimizer as they were after the previous step.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data_loader: Iterable,
+        optimizer: torch.optim.Optimizer,
+        grad_clipper: Optional[Callable[[Iterable[torch.Tensor]], None]] = None,
+        amp_enabled: bool = False,
+        amp_dtype: str = "float16",
+    ):
+        super().__init__()
+        if amp_dtype not in _AMP_DTYPES:
+            raise ValueError(f"SOLVER.AMP.DTYPE must be one of {sorted(_AMP_DTYPES)}, got {amp_dtype!r}")
+        self.model = model
+        self.data_loader = data_loader
+        self._data_loader_iter = None  # created on the first step: no loader workers before that
+        self.optimizer = optimizer
+        self.grad_clipper = grad_clipper
+        self.amp_enabled = bool(amp_enabled)
+        self.amp_dtype = _AMP_DTYPES[amp_dtype]
+        self.device_type = _device_type(model)
+        self.grad_scaler = None
+        if self.amp_enabled and self.amp_dtype == torch.float16:
+            self.grad_scaler = torch.amp.GradScaler(self.device_type)
+
+    def run_step(self) -> None:
+        if not self.model.training:
+            raise RuntimeError("SimpleTrainer: the model is in eval mode; call model.train() before training")
+        start = time.perf_counter()
+        if self._data_loader_iter is None:
+            self._data_loader_iter = iter(self.data_loader)
+        data = next(self._data_loader_iter)
+        data_time = time.perf_counter() - start
+
+        with torch.autocast(device_type=self.device_type, dtype=self.amp_dtype, enabled=self.amp_enabled):
+            loss_dict = self.model(data)
+        if isinstance(loss_dict, torch.Tensor):
+            loss_dict = {"total_loss": loss_dict}
+        if not isinstance(loss_dict, dict) or not loss_dict:
+            raise TypeError(
+                f"SimpleTrainer: the model must return a non-empty dict of scalar losses in training mode, "
+                f"got {type(loss_dict).__name__}"
+            )
+        losses = sum(v.float() for v in loss_dict.values())
+
+        # Averaged over ranks: logged values describe the whole batch, and every rank reaches the
+        # same verdict in the finiteness check below.
+        reduced = {k: float(v) for k, v in comm.reduce_dict({k: v.detach() for k, v in loss_dict.items()}).items()}
+        self._check_finite(reduced)
+
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.grad_scaler is not None:
+            self.grad_scaler.scale(losses).backward()
+            if self.grad_clipper is not None:
+                self.grad_scaler.unscale_(self.optimizer)  # clip the true gradients, not scaled ones
+                self.grad_clipper(self._params())
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+        else:
+            losses.backward()
+            if self.grad_clipper is not None:
+                self.grad_clipper(self._params())
+            self.optimizer.step()
+
+        storage = get_event_storage()
+        storage.put_scalar("total_loss", sum(reduced.values()))
+        storage.put_scalars(**reduced)
+        storage.put_scalar("data_time", data_time)
+
+    def _params(self) -> List[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+    def _check_finite(self, losses: dict) -> None:
+        bad = {k: v for k, v in losses.items() if not math.isfinite(v)}
+        if bad:
+            described = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
+            raise FloatingPointError(
+                f"Loss became infinite or NaN at iteration={self.iter}: {described}. Training stopped "
+                f"before the backward pass; the last checkpoint written is the last good state."
+            )
+
+
+def _device_type(model: nn.Module) -> str:
+    for p in model.parameters():
+        return p.device.type
+    return "cpu"

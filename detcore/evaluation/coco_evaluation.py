@@ -1,0 +1,384 @@
+"""COCO-style box and mask AP of a model's predictions, computed with pycocotools.
+
+Flow: ``process`` turns each image's predicted ``Instances`` into COCO result dicts (xywh boxes,
+dataset category ids, RLE masks) right away, so only small json-ready records are kept and
+gathered across ranks; ``evaluate`` runs ``COCOeval`` once per task on rank 0 and reports
+AP, AP50, AP75, APs, APm, APl (and per-category AP) in percent.
+
+The ground truth is a COCO json file, given directly or found through a ``metadata_fn`` that
+maps a dataset name to its metadata, so this module does not depend on ``detcore.data``.
+"""
+import contextlib
+import copy
+import io
+import json
+import logging
+import math
+import os
+from collections import OrderedDict
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pycocotools.mask as mask_util
+import torch
+import torch.distributed as dist
+
+from detcore.structures import Boxes, Instances
+
+from .evaluator import DatasetEvaluator
+
+__all__ = ["COCOEvaluator", "instances_to_coco_json", "RESULTS_FILE", "METRICS_FILE"]
+
+logger = logging.getLogger(__name__)
+
+RESULTS_FILE = "coco_instances_results.json"
+METRICS_FILE = "coco_eval_metrics.json"
+_TASKS = ("bbox", "segm")
+# COCOeval.stats[0:6], in order.
+_AP_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+
+
+def _coco_api(use_fast_impl: bool):
+    """``(COCO, COCOeval, backend name)``: faster_coco_eval when wanted and importable.
+
+    faster_coco_eval mirrors pycocotools' API (``COCO(path)``, ``loadRes(list)``,
+    ``COCOeval_faster(gt, dt, iouType)``, ``evaluate/accumulate/summarize``, ``stats[:12]`` and
+    ``eval["precision"]`` in the same order), so everything below works with either. Its COCO
+    class must load the ground truth too: its evaluator reads indexes pycocotools' COCO lacks.
+    """
+    if use_fast_impl:
+        try:
+            from faster_coco_eval import COCO, COCOeval_faster
+        except ImportError:
+            pass
+        else:
+            return COCO, COCOeval_faster, "faster_coco_eval"
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    return COCO, COCOeval, "pycocotools"
+
+
+def _meta_get(metadata: Any, key: str, default: Any = None) -> Any:
+    """Read ``key`` from a metadata object (attributes) or a plain dict."""
+    if isinstance(metadata, dict):
+        return metadata.get(key, default)
+    return getattr(metadata, key, default)
+
+
+def instances_to_coco_json(
+    instances: Instances, image_id: int, contiguous_to_dataset_id: Optional[Dict[int, int]] = None
+) -> List[dict]:
+    """COCO result dicts for one image's predictions.
+
+    ``instances`` holds ``pred_boxes`` (xyxy), ``scores``, ``pred_classes`` (contiguous
+    ``0..K-1``) and optionally ``pred_masks`` (bool ``[N, H, W]`` at ``instances.image_size``).
+    Boxes become ``[x, y, w, h]``; classes become dataset ids through ``contiguous_to_dataset_id``
+    (identity when None); masks become compressed RLE with ``counts`` as str (json-ready).
+    """
+    n = len(instances)
+    if n == 0:
+        return []
+    for field in ("pred_boxes", "scores", "pred_classes"):
+        if not instances.has(field):
+            raise ValueError(f"instances_to_coco_json: instances need field '{field}' (have {list(instances.fields())})")
+    boxes = instances.pred_boxes
+    boxes = boxes.tensor if isinstance(boxes, Boxes) else torch.as_tensor(boxes)
+    if boxes.shape != (n, 4):
+        raise ValueError(f"instances_to_coco_json: pred_boxes must be [N, 4] xyxy, got {tuple(boxes.shape)}")
+    boxes = boxes.detach().cpu().to(torch.float64).numpy().copy()
+    boxes[:, 2:] -= boxes[:, :2]  # xyxy -> xywh
+    scores = instances.scores.detach().cpu().tolist()
+    classes = instances.pred_classes.detach().cpu().tolist()
+
+    rles = None
+    if instances.has("pred_masks"):
+        rles = _encode_masks(instances.pred_masks, instances.image_size)
+
+    results = []
+    for i in range(n):
+        cls = int(classes[i])
+        if contiguous_to_dataset_id is None:
+            category_id = cls
+        elif cls in contiguous_to_dataset_id:
+            category_id = contiguous_to_dataset_id[cls]
+        else:
+            raise ValueError(
+                f"instances_to_coco_json: pred_classes holds {cls}, but the dataset has "
+                f"{len(contiguous_to_dataset_id)} categories (contiguous ids 0..{len(contiguous_to_dataset_id) - 1})"
+            )
+        result = {
+            "image_id": int(image_id),
+            "category_id": int(category_id),
+            "bbox": [float(v) for v in boxes[i]],
+            "score": float(scores[i]),
+        }
+        if rles is not None:
+            result["segmentation"] = rles[i]
+        results.append(result)
+    return results
+
+
+def _encode_masks(masks, image_size: Tuple[int, int]) -> List[dict]:
+    if isinstance(masks, torch.Tensor):
+        masks = masks.detach().cpu().numpy()
+    masks = np.asarray(masks)
+    if masks.ndim != 3 or tuple(masks.shape[1:]) != tuple(image_size):
+        raise ValueError(
+            f"instances_to_coco_json: pred_masks must be bool [N, H, W] pasted at the image size "
+            f"{tuple(image_size)}, got shape {tuple(masks.shape)} (paste [N, 1, M, M] mask "
+            f"probabilities into the image first)"
+        )
+    if masks.dtype != np.bool_ and masks.dtype != np.uint8:
+        raise ValueError(
+            f"instances_to_coco_json: pred_masks must be bool (or uint8 0/1), got {masks.dtype}; "
+            f"threshold mask probabilities first"
+        )
+    rles = []
+    for mask in masks:
+        # One instance at a time: a [H, W, N] Fortran copy of all masks can be hundreds of MB.
+        rle = mask_util.encode(np.asfortranarray(mask[:, :, None].astype(np.uint8)))[0]
+        rle["counts"] = rle["counts"].decode("utf-8")  # bytes are not json-serializable
+        rles.append(rle)
+    return rles
+
+
+def _gather_to_main(records: List[dict]) -> Tuple[List[dict], bool]:
+    """All ranks' records on rank 0; ``(records, is_main)``. No-op when not distributed."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return records, True
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, records)
+    if dist.get_rank() != 0:
+        return [], False
+    return [r for part in gathered for r in part], True
+
+
+class COCOEvaluator(DatasetEvaluator):
+    """COCO box / mask AP of instance predictions against a COCO json ground truth.
+
+    Args:
+        dataset_name: path to the COCO json, or a dataset name that ``metadata_fn`` resolves.
+        tasks: any of ``"bbox"``, ``"segm"``. ``"segm"`` is skipped (with a warning) when the
+            predictions carry no masks or the ground truth has no segmentations.
+        output_dir: where ``coco_instances_results.json`` and ``coco_eval_metrics.json`` go
+            (nothing is written when None).
+        distributed: gather predictions from all ranks to rank 0 when torch.distributed is
+            initialized; only rank 0 evaluates (the others return an empty dict).
+        metadata_fn: ``name -> metadata`` (object or dict) with ``json_file`` and optionally
+            ``thing_dataset_id_to_contiguous_id``; e.g. ``MetadataCatalog.get``.
+        dataset_id_to_contiguous_id: ``{json category id: model class index}``. Default: the
+            metadata's, else the json's category ids in sorted order -> ``0..K-1``.
+        per_category_ap: also report ``"AP-<category name>"`` per task.
+        use_fast_impl: use faster_coco_eval when it is importable (same numbers, faster).
+
+    Only images passed to ``process`` are evaluated, so a run on part of a dataset is scored
+    on that part (an image processed with zero detections still counts its ground truth).
+    """
+
+    def __init__(
+        self,
+        dataset_name: Union[str, os.PathLike],
+        tasks: Union[str, Sequence[str]] = ("bbox", "segm"),
+        output_dir: Optional[str] = None,
+        distributed: bool = True,
+        *,
+        metadata_fn: Optional[Callable[[str], Any]] = None,
+        dataset_id_to_contiguous_id: Optional[Dict[int, int]] = None,
+        per_category_ap: bool = True,
+        use_fast_impl: bool = True,
+    ):
+        if isinstance(tasks, str):
+            tasks = (tasks,)
+        tasks = tuple(tasks)
+        bad = [t for t in tasks if t not in _TASKS]
+        if bad or not tasks:
+            raise ValueError(f"COCOEvaluator: tasks must be a non-empty subset of {_TASKS}, got {tasks}")
+        self._tasks = tasks
+        self._output_dir = output_dir
+        self._distributed = distributed
+        self._per_category_ap = per_category_ap
+
+        json_file, metadata = self._resolve_json(dataset_name, metadata_fn)
+        self._json_file = json_file
+        COCO, self._cocoeval_cls, self.backend = _coco_api(use_fast_impl)
+        # pycocotools prints while loading; keep stdout for the metric tables.
+        with contextlib.redirect_stdout(io.StringIO()):
+            self._coco_gt = COCO(json_file)
+
+        if dataset_id_to_contiguous_id is None and metadata is not None:
+            dataset_id_to_contiguous_id = _meta_get(metadata, "thing_dataset_id_to_contiguous_id")
+        self._dataset_id_to_contiguous_id = self._check_mapping(dataset_id_to_contiguous_id)
+        self._contiguous_to_dataset_id = {v: k for k, v in self._dataset_id_to_contiguous_id.items()}
+        self._predictions: List[dict] = []
+
+    # --- setup ----------------------------------------------------------------------------------
+    @staticmethod
+    def _resolve_json(dataset_name, metadata_fn) -> Tuple[str, Any]:
+        name = os.fspath(dataset_name)
+        if os.path.isfile(name):
+            return name, None
+        if metadata_fn is None:
+            raise ValueError(
+                f"COCOEvaluator: '{name}' is not a json file; pass the path of a COCO json, or a "
+                f"dataset name together with metadata_fn (name -> metadata with json_file)"
+            )
+        metadata = metadata_fn(name)
+        json_file = _meta_get(metadata, "json_file")
+        if not json_file or not os.path.isfile(json_file):
+            raise ValueError(
+                f"COCOEvaluator: the metadata of dataset '{name}' must name an existing COCO json "
+                f"as json_file, got {json_file!r}"
+            )
+        return json_file, metadata
+
+    def _check_mapping(self, mapping: Optional[Dict[int, int]]) -> Dict[int, int]:
+        json_ids = sorted(self._coco_gt.getCatIds())
+        if mapping is None:
+            return {cat_id: i for i, cat_id in enumerate(json_ids)}
+        mapping = {int(k): int(v) for k, v in mapping.items()}
+        unknown = sorted(set(mapping) - set(json_ids))
+        if unknown:
+            raise ValueError(
+                f"COCOEvaluator: dataset_id_to_contiguous_id has category ids {unknown} that are "
+                f"not in {self._json_file} (its ids: {json_ids})"
+            )
+        if sorted(mapping.values()) != list(range(len(mapping))):
+            raise ValueError(
+                f"COCOEvaluator: dataset_id_to_contiguous_id values must be 0..{len(mapping) - 1}, "
+                f"each once; got {sorted(mapping.values())}"
+            )
+        return mapping
+
+    @property
+    def dataset_id_to_contiguous_id(self) -> Dict[int, int]:
+        return dict(self._dataset_id_to_contiguous_id)
+
+    # --- DatasetEvaluator -----------------------------------------------------------------------
+    def reset(self) -> None:
+        self._predictions = []
+
+    def process(self, inputs: List[dict], outputs: List[dict]) -> None:
+        if len(inputs) != len(outputs):
+            raise ValueError(f"COCOEvaluator.process: {len(inputs)} inputs but {len(outputs)} outputs")
+        for inp, out in zip(inputs, outputs):
+            if "image_id" not in inp:
+                raise ValueError(f"COCOEvaluator.process: each input needs 'image_id'; got keys {sorted(inp)}")
+            if "instances" not in out:
+                raise ValueError(f"COCOEvaluator.process: each output needs 'instances'; got keys {sorted(out)}")
+            image_id = int(inp["image_id"])
+            self._predictions.append(
+                {
+                    "image_id": image_id,
+                    "instances": instances_to_coco_json(
+                        out["instances"], image_id, self._contiguous_to_dataset_id
+                    ),
+                }
+            )
+
+    def evaluate(self) -> "OrderedDict[str, Dict[str, float]]":
+        predictions = self._predictions
+        if self._distributed:
+            predictions, is_main = _gather_to_main(predictions)
+            if not is_main:
+                return OrderedDict()
+        if not predictions:
+            logger.warning("COCOEvaluator: no images were processed; nothing to evaluate.")
+            return OrderedDict()
+
+        image_ids, coco_results = self._unique_images(predictions)
+        if self._output_dir:
+            os.makedirs(self._output_dir, exist_ok=True)
+            path = os.path.join(self._output_dir, RESULTS_FILE)
+            with open(path, "w") as f:
+                json.dump(coco_results, f)
+            logger.info("COCOEvaluator: saved %d predictions to %s", len(coco_results), path)
+
+        results = OrderedDict()
+        for task in self._tasks:
+            metrics = self._evaluate_task(task, coco_results, image_ids)
+            if metrics is not None:
+                results[task] = metrics
+
+        if self._output_dir:
+            with open(os.path.join(self._output_dir, METRICS_FILE), "w") as f:
+                json.dump(results, f, indent=2)
+        return results
+
+    # --- evaluation -----------------------------------------------------------------------------
+    def _unique_images(self, predictions: List[dict]) -> Tuple[List[int], List[dict]]:
+        """Image ids and flat results, each image once (samplers may pad with repeated images)."""
+        seen, coco_results = set(), []
+        for record in predictions:
+            if record["image_id"] in seen:
+                continue
+            seen.add(record["image_id"])
+            coco_results.extend(record["instances"])
+        if len(seen) != len(predictions):
+            logger.warning(
+                "COCOEvaluator: %d images were processed more than once; their first predictions are used.",
+                len(predictions) - len(seen),
+            )
+        unknown = sorted(seen - set(self._coco_gt.getImgIds()))
+        if unknown:
+            raise ValueError(
+                f"COCOEvaluator: image ids {unknown[:10]} were processed but are not in {self._json_file}"
+            )
+        return sorted(seen), coco_results
+
+    def _evaluate_task(self, task: str, coco_results: List[dict], image_ids: List[int]) -> Optional[Dict[str, float]]:
+        if task == "segm":
+            if any("segmentation" not in r for r in coco_results):
+                logger.warning("COCOEvaluator: predictions have no pred_masks; skipping 'segm'.")
+                return None
+            if any("segmentation" not in a for a in self._coco_gt.dataset.get("annotations", [])):
+                logger.warning("COCOEvaluator: ground truth lacks 'segmentation'; skipping 'segm'.")
+                return None
+        if not coco_results:
+            logger.warning("COCOEvaluator: the model made no predictions; '%s' metrics are NaN.", task)
+            return {name: float("nan") for name in _AP_NAMES}
+
+        # loadRes edits the dicts it gets. For segm, drop the box so that the area (small /
+        # medium / large) comes from the mask, as for the ground truth; for bbox, drop the mask.
+        drop = "bbox" if task == "segm" else "segmentation"
+        dets = [{k: copy.deepcopy(v) for k, v in r.items() if k != drop} for r in coco_results]
+        with contextlib.redirect_stdout(io.StringIO()) as chatter:
+            coco_dt = self._coco_gt.loadRes(dets)
+            coco_eval = self._cocoeval_cls(self._coco_gt, coco_dt, task)
+            coco_eval.params.imgIds = list(image_ids)
+            coco_eval.evaluate()
+            coco_eval.accumulate()
+        logger.debug("COCOeval (%s): %s", task, chatter.getvalue())
+        n = len(image_ids)
+        print(f"COCO {task} evaluation ({self.backend}, {n} image{'s' if n != 1 else ''}):")
+        coco_eval.summarize()  # prints the 12-number table
+
+        # COCOeval uses -1 for "no ground truth in this bucket"; report that as NaN.
+        metrics = {
+            name: float(coco_eval.stats[i] * 100) if coco_eval.stats[i] >= 0 else float("nan")
+            for i, name in enumerate(_AP_NAMES)
+        }
+        logger.info(
+            "COCO %s: %s", task, "  ".join(f"{k} {v:.2f}" for k, v in metrics.items())
+        )
+        if self._per_category_ap:
+            per_category = self._per_category(coco_eval)
+            metrics.update(per_category)
+        return metrics
+
+    def _per_category(self, coco_eval) -> Dict[str, float]:
+        # precision: [iou thresholds, recall thresholds, categories, area ranges, max dets];
+        # area "all" is index 0, the largest max-dets is the last.
+        precision = coco_eval.eval["precision"]
+        out = {}
+        for k, cat_id in enumerate(coco_eval.params.catIds):
+            p = precision[:, :, k, 0, -1]
+            p = p[p > -1]
+            name = self._coco_gt.cats[cat_id]["name"]
+            out[f"AP-{name}"] = float(np.mean(p) * 100) if p.size else float("nan")
+        if out:
+            logger.info(
+                "Per-category %s AP: %s", coco_eval.params.iouType,
+                ", ".join(f"{k[3:]} {v:.2f}" for k, v in out.items() if not math.isnan(v)),
+            )
+        return out

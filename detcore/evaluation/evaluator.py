@@ -1,0 +1,55 @@
+"""The interface an inference loop drives: ``reset()`` once, ``process()`` per batch, ``evaluate()``.
+
+Keeping evaluators behind this small protocol lets one loop feed several of them (COCO AP, a
+custom metric, a prediction dumper) without knowing what each computes.
+"""
+from collections import OrderedDict
+from typing import Dict, List, Sequence
+
+__all__ = ["DatasetEvaluator", "DatasetEvaluators"]
+
+
+class DatasetEvaluator:
+    """Accumulates (inputs, outputs) pairs over a dataset and turns them into metrics.
+
+    Subclasses implement ``process`` and ``evaluate``; ``reset`` clears what ``process``
+    accumulated so that one evaluator object can be reused for several evaluation rounds.
+    """
+
+    def reset(self) -> None:
+        """Forget everything processed so far (called before each evaluation round)."""
+
+    def process(self, inputs: List[dict], outputs: List[dict]) -> None:
+        """Record one batch: ``inputs`` as given to the model, ``outputs`` as it returned them."""
+        raise NotImplementedError
+
+    def evaluate(self) -> Dict[str, Dict[str, float]]:
+        """Metrics as ``{task: {metric: value}}``; may be empty on non-main ranks."""
+        raise NotImplementedError
+
+
+class DatasetEvaluators(DatasetEvaluator):
+    """Several evaluators fed the same batches; their results merged into one dict."""
+
+    def __init__(self, evaluators: Sequence[DatasetEvaluator]):
+        self._evaluators = list(evaluators)
+
+    def reset(self) -> None:
+        for evaluator in self._evaluators:
+            evaluator.reset()
+
+    def process(self, inputs: List[dict], outputs: List[dict]) -> None:
+        for evaluator in self._evaluators:
+            evaluator.process(inputs, outputs)
+
+    def evaluate(self) -> Dict[str, Dict[str, float]]:
+        results = OrderedDict()
+        for evaluator in self._evaluators:
+            for task, metrics in (evaluator.evaluate() or {}).items():
+                # Silently overwriting would report one evaluator's numbers under another's name.
+                if task in results:
+                    raise KeyError(
+                        f"DatasetEvaluators: two evaluators both returned results for task '{task}'"
+                    )
+                results[task] = metrics
+        return results

@@ -1,0 +1,203 @@
+"""Anchors: the reference boxes the RPN scores and regresses, one set per feature level.
+
+Each level has a few "cell anchors" (one per size × aspect ratio) centered at the origin; they
+are copied to every feature map location, whose center in input pixels is
+``((x + offset) * stride, (y + offset) * stride)``. With FPN every level usually has one size
+(32 on p2 ... 512 on p6) and three aspect ratios.
+
+Two options reproduce torchvision's ``AnchorGenerator`` exactly (for its checkpoints):
+``round_cell_anchors`` rounds the cell anchors' corners to whole pixels, and
+``strides_from_image_size`` takes each level's stride, per axis, as ``padded image size //
+feature map size`` instead of the nominal stride. The two differ where a map size was rounded up:
+an 800 px high input has a 25-row p5 and a 13-row p6, whose stride is then 800 // 13 = 61, not 64.
+(torchvision orders the cell anchors ratio-major, this generator size-major: the same with one
+size per level, as in every FPN model.)
+"""
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from detcore.layers.shape_spec import ShapeSpec
+from detcore.structures import Boxes
+from detcore.utils.registry import Registry
+
+__all__ = ["ANCHOR_GENERATOR_REGISTRY", "DefaultAnchorGenerator", "build_anchor_generator"]
+
+# Anchor generators: classes with a from_config(cfg, input_shapes) classmethod, selected by
+# cfg.MODEL.ANCHOR_GENERATOR.NAME (default "DefaultAnchorGenerator").
+ANCHOR_GENERATOR_REGISTRY = Registry("ANCHOR_GENERATOR")
+
+
+def _per_level(values, num_levels: int, name: str) -> List[List[float]]:
+    """Accept one list per level ([[32], [64]]) or one list shared by all levels ([[32, 64]], or
+    flat: [32, 64]), as detectron2 does."""
+    if not isinstance(values, (list, tuple)) or len(values) == 0:
+        raise ValueError(f"DefaultAnchorGenerator: {name} must be a non-empty list, got {values!r}")
+    if not isinstance(values[0], (list, tuple)):
+        values = [values]
+    if len(values) == 1:
+        values = list(values) * num_levels
+    if len(values) != num_levels:
+        raise ValueError(
+            f"DefaultAnchorGenerator: {name} has {len(values)} lists for {num_levels} feature levels "
+            "(give one list per level, or one list for all)"
+        )
+    return [[float(v) for v in level] for level in values]
+
+
+def generate_cell_anchors(
+    sizes: Sequence[float], aspect_ratios: Sequence[float], round_corners: bool = False
+) -> torch.Tensor:
+    """``[len(sizes) * len(aspect_ratios), 4]`` xyxy anchors centered at (0, 0), size-major.
+
+    An anchor of size ``s`` and ratio ``r`` (height / width) has area ``s**2``:
+    ``w = s / sqrt(r)``, ``h = s * sqrt(r)``. ``round_corners`` rounds the corners to integers
+    (half to even), computed in float32 as torchvision does so that the rounding agrees.
+    """
+    anchors = []
+    for size in sizes:
+        for ratio in aspect_ratios:
+            if size <= 0 or ratio <= 0:
+                raise ValueError(f"anchor sizes and aspect ratios must be positive, got size {size}, ratio {ratio}")
+            if round_corners:
+                h_ratio = torch.sqrt(torch.tensor(ratio, dtype=torch.float32))
+                w = (1 / h_ratio) * size
+                h = h_ratio * size
+                anchors.append(torch.stack([-w, -h, w, h]) / 2)
+            else:
+                w = size / math.sqrt(ratio)
+                h = size * math.sqrt(ratio)
+                anchors.append(torch.tensor([-w / 2.0, -h / 2.0, w / 2.0, h / 2.0]))
+    anchors = torch.stack(anchors).to(torch.float32)
+    return anchors.round() if round_corners else anchors
+
+
+@ANCHOR_GENERATOR_REGISTRY.register()
+class DefaultAnchorGenerator(nn.Module):
+    """Args:
+        sizes: per level, the anchor sizes (sqrt of area) in input pixels; see ``_per_level`` for
+            the accepted shapes.
+        aspect_ratios: per level (or one list for all), height / width ratios.
+        strides: per level, input pixels per feature map pixel.
+        offset: anchor center within its cell, in ``[0, 1)``: 0.0 puts it on the cell's top-left
+            corner (Detectron), 0.5 at the cell's center.
+        round_cell_anchors: round the cell anchors' corners to integers (torchvision).
+        strides_from_image_size: per level and axis, use ``padded image size // feature map
+            size`` as the stride (torchvision); ``forward`` then needs ``image_size``.
+    """
+
+    def __init__(
+        self,
+        sizes: Sequence,
+        aspect_ratios: Sequence,
+        strides: Sequence[int],
+        offset: float = 0.0,
+        round_cell_anchors: bool = False,
+        strides_from_image_size: bool = False,
+    ):
+        super().__init__()
+        strides = [int(s) for s in strides]
+        if len(strides) == 0 or any(s <= 0 for s in strides):
+            raise ValueError(f"DefaultAnchorGenerator: strides must be positive ints, one per level, got {strides}")
+        if not 0.0 <= offset < 1.0:
+            raise ValueError(f"DefaultAnchorGenerator: offset must lie in [0, 1), got {offset}")
+        self.strides = strides
+        self.num_levels = len(strides)
+        self.offset = float(offset)
+        self.sizes = _per_level(sizes, self.num_levels, "sizes")
+        self.aspect_ratios = _per_level(aspect_ratios, self.num_levels, "aspect_ratios")
+        self.round_cell_anchors = bool(round_cell_anchors)
+        self.strides_from_image_size = bool(strides_from_image_size)
+        # Non-persistent buffers: they follow .to(device) but stay out of checkpoints
+        # (they are a pure function of the constructor arguments).
+        for i, (s, r) in enumerate(zip(self.sizes, self.aspect_ratios)):
+            cell = generate_cell_anchors(s, r, round_corners=self.round_cell_anchors)
+            self.register_buffer(f"cell_anchors_{i}", cell, persistent=False)
+
+    @classmethod
+    def from_config(cls, cfg, input_shapes: Sequence[ShapeSpec]) -> "DefaultAnchorGenerator":
+        return cls(
+            sizes=cfg.MODEL.ANCHOR_GENERATOR.SIZES,
+            aspect_ratios=cfg.MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS,
+            strides=[shape.stride for shape in input_shapes],
+            offset=cfg.MODEL.ANCHOR_GENERATOR.OFFSET,
+            round_cell_anchors=cfg.MODEL.ANCHOR_GENERATOR.ROUND_CELL_ANCHORS,
+            strides_from_image_size=cfg.MODEL.ANCHOR_GENERATOR.STRIDES_FROM_IMAGE_SIZE,
+        )
+
+    @property
+    def cell_anchors(self) -> List[torch.Tensor]:
+        return [getattr(self, f"cell_anchors_{i}") for i in range(self.num_levels)]
+
+    @property
+    def num_cell_anchors(self) -> List[int]:
+        """Anchors per feature map location, per level (the RPN head's A)."""
+        return [len(s) * len(r) for s, r in zip(self.sizes, self.aspect_ratios)]
+
+    def grid_anchors(
+        self, grid_sizes: Sequence[Sequence[int]], strides: Optional[Sequence[Tuple[int, int]]] = None
+    ) -> List[torch.Tensor]:
+        """``[Hi * Wi * A, 4]`` anchors per level for feature maps of the given ``(Hi, Wi)``;
+        ``strides`` gives ``(stride_y, stride_x)`` per level (default: the nominal strides)."""
+        if strides is None:
+            strides = [(s, s) for s in self.strides]
+        anchors = []
+        for (height, width), (stride_y, stride_x), base in zip(grid_sizes, strides, self.cell_anchors):
+            # Integer grid times stride, then the offset: exact for the usual power-of-two strides.
+            xs = (torch.arange(width, device=base.device, dtype=torch.float32) + self.offset) * stride_x
+            ys = (torch.arange(height, device=base.device, dtype=torch.float32) + self.offset) * stride_y
+            shift_y, shift_x = torch.meshgrid(ys, xs, indexing="ij")
+            shift_x = shift_x.reshape(-1)
+            shift_y = shift_y.reshape(-1)
+            shifts = torch.stack((shift_x, shift_y, shift_x, shift_y), dim=1)
+            # Location-major: the A cell anchors of location 0, then of location 1, ...
+            anchors.append((shifts[:, None, :] + base[None, :, :]).reshape(-1, 4))
+        return anchors
+
+    def forward(self, features: List[torch.Tensor], image_size: Optional[Tuple[int, int]] = None) -> List[Boxes]:
+        """Args:
+            features: one ``[B, C, Hi, Wi]`` map per level (only their sizes are read).
+            image_size: ``(H, W)`` of the padded input batch; needed (and only read) with
+                ``strides_from_image_size``.
+
+        Returns:
+            one ``Boxes`` of ``Hi * Wi * A`` anchors per level, shared by all images of the batch.
+        """
+        if len(features) != self.num_levels:
+            raise ValueError(
+                f"DefaultAnchorGenerator: got {len(features)} feature maps, built for {self.num_levels} levels"
+            )
+        grid_sizes = []
+        for i, f in enumerate(features):
+            if f.dim() < 2:
+                raise ValueError(f"DefaultAnchorGenerator: features[{i}] must be [..., H, W], got {tuple(f.shape)}")
+            grid_sizes.append(tuple(f.shape[-2:]))
+        strides = None
+        if self.strides_from_image_size:
+            if image_size is None or len(image_size) != 2:
+                raise ValueError(
+                    "DefaultAnchorGenerator: strides_from_image_size needs image_size=(H, W) of the padded "
+                    f"batch, got {image_size!r}"
+                )
+            strides = [(int(image_size[0]) // h, int(image_size[1]) // w) for h, w in grid_sizes]
+        return [Boxes(a) for a in self.grid_anchors(grid_sizes, strides)]
+
+    def extra_repr(self) -> str:
+        extra = ""
+        if self.round_cell_anchors:
+            extra += ", round_cell_anchors=True"
+        if self.strides_from_image_size:
+            extra += ", strides_from_image_size=True"
+        return (
+            f"sizes={self.sizes}, aspect_ratios={self.aspect_ratios}, strides={self.strides}, "
+            f"offset={self.offset}{extra}"
+        )
+
+
+def build_anchor_generator(cfg, input_shapes: Sequence[ShapeSpec]) -> nn.Module:
+    """Build the anchor generator named by cfg.MODEL.ANCHOR_GENERATOR.NAME (when the config has
+    that key; "DefaultAnchorGenerator" otherwise) for feature maps described by ``input_shapes``."""
+    name = cfg.MODEL.ANCHOR_GENERATOR.get("NAME", "DefaultAnchorGenerator")
+    return ANCHOR_GENERATOR_REGISTRY.get(name).from_config(cfg, input_shapes)

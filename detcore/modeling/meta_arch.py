@@ -1,0 +1,131 @@
+"""GeneralizedRCNN: backbone → proposal generator (RPN) → ROI heads, and the model builder.
+
+Training takes the data loader's list of dicts and returns a dict of losses; inference returns
+one {"instances": Instances} per image, in the image's original size.
+"""
+import math
+from typing import Dict, List, Sequence
+
+import torch
+from torch import nn
+
+from detcore.structures import ImageList, Instances
+from detcore.utils.registry import Registry
+
+from .backbone import Backbone, build_backbone
+from .postprocessing import detector_postprocess
+from .proposal_generator import build_proposal_generator
+from .roi_heads import build_roi_heads
+
+META_ARCH_REGISTRY = Registry("META_ARCH")
+
+
+@META_ARCH_REGISTRY.register()
+class GeneralizedRCNN(nn.Module):
+    """Faster / Mask R-CNN: what the heads are is decided by the config (MODEL.MASK_ON, ...)."""
+
+    def __init__(
+        self,
+        *,
+        backbone: Backbone,
+        proposal_generator: nn.Module,
+        roi_heads: nn.Module,
+        pixel_mean: Sequence[float],
+        pixel_std: Sequence[float],
+        input_format: str = "BGR",
+        mask_threshold: float = 0.5,
+        paste_mode: str = "aligned",
+        size_divisibility: int = 0,
+    ):
+        super().__init__()
+        if len(pixel_mean) != len(pixel_std):
+            raise ValueError(
+                f"pixel_mean and pixel_std must have the same length, got {len(pixel_mean)} and {len(pixel_std)}"
+            )
+        self.backbone = backbone
+        self.proposal_generator = proposal_generator
+        self.roi_heads = roi_heads
+        self.input_format = input_format
+        self.mask_threshold = mask_threshold
+        self.paste_mode = paste_mode
+        # The batch is padded to a multiple of both the requested divisibility and the backbone's
+        # own (FPN needs its coarsest stride to divide the input); 0 or 1 means no constraint.
+        divisors = [int(d) for d in (size_divisibility, backbone.size_divisibility) if int(d) > 1]
+        self.size_divisibility = math.lcm(*divisors) if divisors else 0
+        # Buffers, so they follow .to(device); not persistent: they come from the config, not
+        # from training, so checkpoints do not carry them.
+        self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
+        self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
+
+    @classmethod
+    def from_config(cls, cfg):
+        backbone = build_backbone(cfg)
+        shapes = backbone.output_shape()
+        return cls(
+            backbone=backbone,
+            proposal_generator=build_proposal_generator(cfg, shapes),
+            roi_heads=build_roi_heads(cfg, shapes),
+            pixel_mean=cfg.MODEL.PIXEL_MEAN,
+            pixel_std=cfg.MODEL.PIXEL_STD,
+            input_format=cfg.INPUT.FORMAT,
+            mask_threshold=cfg.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD,
+            paste_mode=cfg.MODEL.ROI_MASK_HEAD.PASTE_MODE,
+            size_divisibility=cfg.INPUT.SIZE_DIVISIBILITY,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.pixel_mean.device
+
+    def preprocess_image(self, batched_inputs: List[Dict]) -> ImageList:
+        """Normalize each image and pad the batch to the backbone's size divisibility."""
+        images = []
+        for i, x in enumerate(batched_inputs):
+            image = x.get("image")
+            if not isinstance(image, torch.Tensor) or image.dim() != 3 or image.shape[0] != self.pixel_mean.shape[0]:
+                shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
+                raise ValueError(
+                    f"batched_inputs[{i}]['image'] must be a Tensor[{self.pixel_mean.shape[0]}, H, W] in "
+                    f"{self.input_format} order, got {shape}"
+                )
+            images.append((image.to(self.device, non_blocking=True).float() - self.pixel_mean) / self.pixel_std)
+        return ImageList.from_tensors(images, self.size_divisibility)
+
+    def forward(self, batched_inputs: List[Dict]):
+        if not self.training:
+            return self.inference(batched_inputs)
+        if any("instances" not in x for x in batched_inputs):
+            raise ValueError("GeneralizedRCNN in training mode needs 'instances' in every input dict")
+        images = self.preprocess_image(batched_inputs)
+        gt_instances = [x["instances"].to(self.device) for x in batched_inputs]
+        features = self.backbone(images.tensor)
+        proposals, proposal_losses = self.proposal_generator(images, features, gt_instances)
+        _, detector_losses = self.roi_heads(images, features, proposals, gt_instances)
+        return {**proposal_losses, **detector_losses}
+
+    @torch.no_grad()
+    def inference(self, batched_inputs: List[Dict], do_postprocess: bool = True) -> List:
+        images = self.preprocess_image(batched_inputs)
+        features = self.backbone(images.tensor)
+        proposals, _ = self.proposal_generator(images, features, None)
+        results, _ = self.roi_heads(images, features, proposals, None)
+        if not do_postprocess:
+            return results
+        return self.postprocess(results, batched_inputs)
+
+    def postprocess(self, results: List[Instances], batched_inputs: List[Dict]) -> List[Dict]:
+        processed = []
+        for result, x in zip(results, batched_inputs):
+            height = x.get("height", result.image_size[0])
+            width = x.get("width", result.image_size[1])
+            processed.append(
+                {"instances": detector_postprocess(result, height, width, self.mask_threshold, self.paste_mode)}
+            )
+        return processed
+
+
+def build_model(cfg) -> nn.Module:
+    """The model named by cfg.MODEL.META_ARCHITECTURE, on cfg.MODEL.DEVICE."""
+    model_class = META_ARCH_REGISTRY.get(cfg.MODEL.META_ARCHITECTURE)
+    model = model_class.from_config(cfg)
+    return model.to(torch.device(cfg.MODEL.DEVICE))

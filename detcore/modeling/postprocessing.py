@@ -1,0 +1,31 @@
+"""Turns the ROI heads' per-image results (in the resized input frame) into final detections in
+the original image: boxes rescaled and clipped, mask probabilities pasted into full-size masks."""
+from detcore.structures import Boxes, Instances, paste_masks_in_image
+
+
+def detector_postprocess(
+    results: Instances,
+    output_height: int,
+    output_width: int,
+    mask_threshold: float = 0.5,
+    paste_mode: str = "aligned",
+) -> Instances:
+    """Rescale `results` (with `pred_boxes`, optionally `pred_masks` [N, 1, M, M] probabilities)
+    from their image size to (output_height, output_width)."""
+    in_height, in_width = results.image_size
+    scale_x, scale_y = output_width / in_width, output_height / in_height
+    out = Instances((output_height, output_width), **{k: v for k, v in results.fields().items()})
+    boxes = Boxes(results.pred_boxes.tensor.clone())
+    boxes.scale(scale_x, scale_y)
+    boxes.clip((output_height, output_width))
+    out.pred_boxes = boxes
+    if results.has("pred_masks"):
+        masks = results.pred_masks
+        if masks.dim() == 4:
+            masks = masks[:, 0]
+        out.pred_masks = paste_masks_in_image(
+            masks, boxes.tensor, (output_height, output_width), threshold=mask_threshold, mode=paste_mode
+        )
+    keep = boxes.nonempty()
+    return out[keep]
+

@@ -1,0 +1,42 @@
+"""ROI heads: per-ROI box classification/regression and masks (the second stage of Mask R-CNN)."""
+from .box_head import ROI_BOX_HEAD_REGISTRY, FastRCNNConvFCHead, build_box_head
+from .fast_rcnn import (
+    ROI_BOX_PREDICTOR_REGISTRY,
+    FastRCNNOutputLayers,
+    build_box_predictor,
+    fast_rcnn_inference,
+)
+from .mask_head import (
+    ROI_MASK_HEAD_REGISTRY,
+    MaskRCNNConvUpsampleHead,
+    build_mask_head,
+    mask_rcnn_inference,
+    mask_rcnn_loss,
+)
+from .roi_heads import (
+    ROI_HEADS_REGISTRY,
+    StandardROIHeads,
+    add_ground_truth_to_proposals,
+    build_roi_heads,
+    select_foreground_proposals,
+)
+
+__all__ = [
+    "ROI_HEADS_REGISTRY",
+    "ROI_BOX_HEAD_REGISTRY",
+    "ROI_BOX_PREDICTOR_REGISTRY",
+    "ROI_MASK_HEAD_REGISTRY",
+    "StandardROIHeads",
+    "FastRCNNConvFCHead",
+    "FastRCNNOutputLayers",
+    "MaskRCNNConvUpsampleHead",
+    "build_roi_heads",
+    "build_box_head",
+    "build_box_predictor",
+    "build_mask_head",
+    "fast_rcnn_inference",
+    "mask_rcnn_loss",
+    "mask_rcnn_inference",
+    "add_ground_truth_to_proposals",
+    "select_foreground_proposals",
+]

@@ -1,0 +1,286 @@
+"""ROI heads: the second stage of a two-stage detector.
+
+Training: proposals (plus the GT boxes themselves) are matched to the ground truth, a balanced
+batch of them is sampled, and the box branch (pooler → box head → predictor) and the mask branch
+(on the foreground ROIs only) compute their losses. Inference: the box branch turns proposals
+into detections (per-class NMS), and the mask branch predicts a mask for each detection.
+"""
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from detcore.layers import ShapeSpec
+from detcore.structures import Boxes, ImageList, Instances, pairwise_iou
+from detcore.utils.registry import Registry
+
+from ..matcher import Matcher
+from ..poolers import ROIPooler
+from ..sampling import subsample_labels
+from .box_head import build_box_head
+from .fast_rcnn import build_box_predictor
+from .mask_head import build_mask_head
+
+__all__ = [
+    "ROI_HEADS_REGISTRY",
+    "StandardROIHeads",
+    "build_roi_heads",
+    "add_ground_truth_to_proposals",
+    "select_foreground_proposals",
+]
+
+# ROI heads: classes with `from_config(cfg, input_shape) -> kwargs` (or callables
+# f(cfg, input_shape)), selected by cfg.MODEL.ROI_HEADS.NAME; `input_shape` maps feature
+# names to ShapeSpec.
+ROI_HEADS_REGISTRY = Registry("ROI_HEADS")
+
+# The objectness logit given to GT boxes added as proposals: sigmoid(logit) = 1 - 1e-10, i.e. "as
+# sure as a proposal can be", and finite.
+_GT_PROPOSAL_LOGIT = math.log((1.0 - 1e-10) / 1e-10)
+
+
+def add_ground_truth_to_proposals(targets: List[Instances], proposals: List[Instances]) -> List[Instances]:
+    """Append each image's GT boxes to its proposals, so every GT has at least one perfect ROI
+    (early in training the RPN proposes little that overlaps the objects)."""
+    if len(targets) != len(proposals):
+        raise ValueError(f"add_ground_truth_to_proposals: {len(targets)} targets for {len(proposals)} images")
+    out = []
+    for gt, props in zip(targets, proposals):
+        gt_boxes = gt.gt_boxes.tensor.to(props.proposal_boxes.device)
+        extra = Instances(props.image_size)
+        extra.proposal_boxes = Boxes(gt_boxes)
+        if props.has("objectness_logits"):
+            logits = props.objectness_logits
+            extra.objectness_logits = torch.full(
+                (len(gt_boxes),), _GT_PROPOSAL_LOGIT, dtype=logits.dtype, device=logits.device
+            )
+        out.append(Instances.cat([props, extra]))
+    return out
+
+
+def select_foreground_proposals(proposals: List[Instances], bg_label: int) -> List[Instances]:
+    """Per image, the proposals whose `gt_classes` is a foreground class (not -1, not bg_label)."""
+    fg = []
+    for props in proposals:
+        classes = props.gt_classes
+        fg.append(props[(classes != -1) & (classes != bg_label)])
+    return fg
+
+
+@ROI_HEADS_REGISTRY.register()
+class StandardROIHeads(nn.Module):
+    """Box branch plus optional mask branch, each with its own pooler, on shared FPN features.
+
+    Args:
+        box_in_features: feature names the box pooler reads, finest first (e.g. p2..p5).
+        box_pooler, box_head, box_predictor: the box branch.
+        num_classes: K foreground classes; background is label K.
+        batch_size_per_image: ROIs sampled per image in training.
+        positive_fraction: the largest share of foreground ROIs in that sample.
+        proposal_matcher: labels ROIs by IoU with the GT (label 1 foreground, 0 background).
+        proposal_append_gt: add the GT boxes to the proposals in training.
+        mask_in_features, mask_pooler, mask_head: the mask branch (all None to disable it).
+    """
+
+    def __init__(
+        self,
+        *,
+        box_in_features: Sequence[str],
+        box_pooler: ROIPooler,
+        box_head: nn.Module,
+        box_predictor: nn.Module,
+        num_classes: int,
+        batch_size_per_image: int,
+        positive_fraction: float,
+        proposal_matcher: Matcher,
+        proposal_append_gt: bool = True,
+        mask_in_features: Optional[Sequence[str]] = None,
+        mask_pooler: Optional[ROIPooler] = None,
+        mask_head: Optional[nn.Module] = None,
+    ):
+        super().__init__()
+        parts = (mask_in_features, mask_pooler, mask_head)
+        if any(p is None for p in parts) and not all(p is None for p in parts):
+            raise ValueError("StandardROIHeads: give all of mask_in_features, mask_pooler and mask_head, or none")
+        self.box_in_features = list(box_in_features)
+        self.box_pooler = box_pooler
+        self.box_head = box_head
+        self.box_predictor = box_predictor
+        self.num_classes = int(num_classes)
+        self.batch_size_per_image = int(batch_size_per_image)
+        self.positive_fraction = float(positive_fraction)
+        self.proposal_matcher = proposal_matcher
+        self.proposal_append_gt = bool(proposal_append_gt)
+        self.mask_on = mask_head is not None
+        if self.mask_on:
+            self.mask_in_features = list(mask_in_features)
+            self.mask_pooler = mask_pooler
+            self.mask_head = mask_head
+
+    @classmethod
+    def from_config(cls, cfg, input_shape: Dict[str, ShapeSpec]):
+        roi = cfg.MODEL.ROI_HEADS
+        in_features = list(roi.IN_FEATURES)
+        missing = [f for f in in_features if f not in input_shape]
+        if missing:
+            raise ValueError(
+                f"StandardROIHeads: MODEL.ROI_HEADS.IN_FEATURES {missing} are not among the backbone's "
+                f"outputs {sorted(input_shape)}"
+            )
+        scales = tuple(1.0 / input_shape[f].stride for f in in_features)
+        channels = {input_shape[f].channels for f in in_features}
+        if len(channels) != 1:
+            raise ValueError(f"StandardROIHeads: the features {in_features} must have one channel count, got {channels}")
+        in_channels = channels.pop()
+
+        box = cfg.MODEL.ROI_BOX_HEAD
+        res = box.POOLER_RESOLUTION
+        box_pooler = ROIPooler(
+            output_size=res,
+            scales=scales,
+            sampling_ratio=box.POOLER_SAMPLING_RATIO,
+            aligned=box.POOLER_ALIGNED,
+            canonical_box_size=roi.CANONICAL_BOX_SIZE,
+            canonical_level=roi.CANONICAL_LEVEL,
+            level_mapper=roi.LEVEL_MAPPER,
+        )
+        box_head = build_box_head(cfg, ShapeSpec(channels=in_channels, height=res, width=res))
+        kwargs = {
+            "box_in_features": in_features,
+            "box_pooler": box_pooler,
+            "box_head": box_head,
+            "box_predictor": build_box_predictor(cfg, box_head.output_shape),
+            "num_classes": roi.NUM_CLASSES,
+            "batch_size_per_image": roi.BATCH_SIZE_PER_IMAGE,
+            "positive_fraction": roi.POSITIVE_FRACTION,
+            "proposal_matcher": Matcher(roi.IOU_THRESHOLDS, roi.IOU_LABELS, allow_low_quality_matches=False),
+            "proposal_append_gt": roi.PROPOSAL_APPEND_GT,
+        }
+        if cfg.MODEL.MASK_ON:
+            mask = cfg.MODEL.ROI_MASK_HEAD
+            res = mask.POOLER_RESOLUTION
+            kwargs["mask_in_features"] = in_features
+            kwargs["mask_pooler"] = ROIPooler(
+                output_size=res,
+                scales=scales,
+                sampling_ratio=mask.POOLER_SAMPLING_RATIO,
+                aligned=mask.POOLER_ALIGNED,
+                canonical_box_size=roi.CANONICAL_BOX_SIZE,
+                canonical_level=roi.CANONICAL_LEVEL,
+                level_mapper=roi.LEVEL_MAPPER,
+            )
+            kwargs["mask_head"] = build_mask_head(cfg, ShapeSpec(channels=in_channels, height=res, width=res))
+        return kwargs
+
+    # --- training targets -----------------------------------------------------------------------
+    @torch.no_grad()
+    def label_and_sample_proposals(self, proposals: List[Instances], targets: List[Instances]) -> List[Instances]:
+        """Per image: match proposals (plus GT boxes) to the GT, sample a balanced batch, and
+        attach `gt_classes` (K = background) and the matched GT's other `gt_*` fields.
+
+        Returns the sampled proposals, foreground first."""
+        if len(targets) != len(proposals):
+            raise ValueError(f"StandardROIHeads: {len(targets)} targets for {len(proposals)} images")
+        if self.proposal_append_gt:
+            proposals = add_ground_truth_to_proposals(targets, proposals)
+
+        sampled = []
+        for props, gt in zip(proposals, targets):
+            has_gt = len(gt) > 0
+            iou = pairwise_iou(gt.gt_boxes, props.proposal_boxes)
+            matched_idxs, matched_labels = self.proposal_matcher(iou)
+            sampled_idxs, gt_classes = self._sample_proposals(matched_idxs, matched_labels, gt.gt_classes)
+
+            props = props[sampled_idxs]
+            props.gt_classes = gt_classes
+            if has_gt:
+                gt_rows = matched_idxs[sampled_idxs]
+                for name, value in gt.fields().items():
+                    if name.startswith("gt_") and not props.has(name):
+                        props.set(name, value[gt_rows])
+            sampled.append(props)
+        return sampled
+
+    def _sample_proposals(self, matched_idxs: Tensor, matched_labels: Tensor, gt_classes: Tensor) -> Tuple[Tensor, Tensor]:
+        """Indices of the sampled proposals and their class labels (K for background)."""
+        if gt_classes.numel() > 0:
+            labels = gt_classes.to(matched_idxs.device)[matched_idxs]
+            labels[matched_labels == 0] = self.num_classes
+            labels[matched_labels == -1] = -1
+        else:
+            labels = torch.full_like(matched_idxs, self.num_classes)
+        fg, bg = subsample_labels(labels, self.batch_size_per_image, self.positive_fraction, self.num_classes)
+        idxs = torch.cat([fg, bg])
+        return idxs, labels[idxs]
+
+    # --- forward ----------------------------------------------------------------------------------
+    def forward(
+        self,
+        images: ImageList,
+        features: Dict[str, Tensor],
+        proposals: List[Instances],
+        targets: Optional[List[Instances]] = None,
+    ) -> Tuple[List[Instances], Dict[str, Tensor]]:
+        """
+        Args:
+            images: the batch (only its length and sizes matter here).
+            features: feature maps by name, including `box_in_features`.
+            proposals: per image, `proposal_boxes` (and usually `objectness_logits`).
+            targets: per image GT (`gt_boxes`, `gt_classes`, `gt_masks` with a mask head);
+                required in training.
+
+        Returns:
+            training: (the sampled proposals, losses: loss_cls, loss_box_reg[, loss_mask]).
+            eval: (detections per image: pred_boxes, scores, pred_classes[, pred_masks
+            [N, 1, M, M] probabilities], {}).
+        """
+        if len(proposals) != len(images):
+            raise ValueError(f"StandardROIHeads: {len(proposals)} proposal sets for {len(images)} images")
+        missing = [f for f in self.box_in_features if f not in features]
+        if missing:
+            raise KeyError(f"StandardROIHeads: features {missing} missing; got {sorted(features)}")
+        if self.training:
+            if targets is None:
+                raise ValueError("StandardROIHeads: targets are required in training mode")
+            proposals = self.label_and_sample_proposals(proposals, targets)
+            losses = self._forward_box(features, proposals)
+            losses.update(self._forward_mask(features, proposals))
+            return proposals, losses
+        detections = self._forward_box(features, proposals)
+        return self.forward_with_given_boxes(features, detections), {}
+
+    def forward_with_given_boxes(self, features: Dict[str, Tensor], instances: List[Instances]) -> List[Instances]:
+        """Eval only: add the mask branch's `pred_masks` to detections that have boxes and classes."""
+        if self.training:
+            raise RuntimeError("StandardROIHeads.forward_with_given_boxes is for eval mode only")
+        return self._forward_mask(features, instances)
+
+    def _forward_box(self, features: Dict[str, Tensor], proposals: List[Instances]):
+        x = [features[f] for f in self.box_in_features]
+        box_features = self.box_pooler(x, [p.proposal_boxes for p in proposals])
+        predictions = self.box_predictor(self.box_head(box_features))
+        if self.training:
+            return self.box_predictor.losses(predictions, proposals)
+        detections, _ = self.box_predictor.inference(predictions, proposals)
+        return detections
+
+    def _forward_mask(self, features: Dict[str, Tensor], instances: List[Instances]):
+        if not self.mask_on:
+            return {} if self.training else instances
+        if self.training:
+            # Masks are learned on the foreground ROIs only (background has no mask to learn).
+            instances = select_foreground_proposals(instances, self.num_classes)
+            boxes = [x.proposal_boxes for x in instances]
+        else:
+            boxes = [x.pred_boxes for x in instances]
+        x = [features[f] for f in self.mask_in_features]
+        return self.mask_head(self.mask_pooler(x, boxes), instances)
+
+
+def build_roi_heads(cfg, input_shape: Dict[str, ShapeSpec]) -> nn.Module:
+    """Build the ROI heads named by cfg.MODEL.ROI_HEADS.NAME on features described by `input_shape`."""
+    heads = ROI_HEADS_REGISTRY.get(cfg.MODEL.ROI_HEADS.NAME)
+    if hasattr(heads, "from_config"):
+        return heads(**heads.from_config(cfg, input_shape))
+    return heads(cfg, input_shape)

@@ -1,0 +1,234 @@
+"""Atomic checkpoint writes, exact resume, weights-only loading and its report."""
+import logging
+import os
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from detcore.engine.checkpoint import (
+    LAST_CHECKPOINT_FILE,
+    Checkpointer,
+    atomic_torch_save,
+    load_model_weights,
+    register_weights_converter,
+)
+from detcore.engine import checkpoint as checkpoint_module
+from detcore.solver import WarmupMultiStepLR
+
+
+class Small(nn.Module):
+    def __init__(self, classes=3):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 4, 3), nn.GroupNorm(2, 4))
+        self.head = nn.Linear(4, classes)
+
+    def forward(self, x):
+        return self.head(self.body(x).mean(dim=(2, 3)))
+
+
+def trained_parts(seed=0):
+    torch.manual_seed(seed)
+    model = Small()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = WarmupMultiStepLR(opt, [3], warmup_iters=2)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(2, 3, 8, 8)).sum().backward()
+        opt.step()
+        sched.step()
+    return model, opt, sched
+
+
+def assert_same_tensors(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+
+
+def assert_same_optimizer_state(sa, sb):
+    assert sa["param_groups"] == sb["param_groups"]
+    assert sa["state"].keys() == sb["state"].keys()
+    for k in sa["state"]:
+        for name in sa["state"][k]:
+            torch.testing.assert_close(sa["state"][k][name], sb["state"][k][name], rtol=0, atol=0)
+
+
+def test_save_then_resume_restores_everything(tmp_path):
+    model, opt, sched = trained_parts()
+    ckpt = Checkpointer(model, str(tmp_path), optimizer=opt, scheduler=sched)
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    path = ckpt.save("model_0000002", iteration=2)
+    assert open(tmp_path / LAST_CHECKPOINT_FILE).read() == "model_0000002.pth"
+    expected_draws = (random.random(), np.random.rand(), torch.rand(1))
+
+    model2, opt2, sched2 = trained_parts(seed=5)  # different weights / state
+    ckpt2 = Checkpointer(model2, str(tmp_path), optimizer=opt2, scheduler=sched2)
+    assert ckpt2.get_checkpoint_file() == path
+    extra = ckpt2.resume()
+    assert extra["iteration"] == 2
+    assert_same_tensors(model2.state_dict(), model.state_dict())
+    assert_same_optimizer_state(opt2.state_dict(), opt.state_dict())
+    assert sched2.last_epoch == sched.last_epoch and sched2.get_last_lr() == sched.get_last_lr()
+    # RNG streams continue exactly where they were at save time.
+    draws = (random.random(), np.random.rand(), torch.rand(1))
+    assert draws[0] == expected_draws[0] and draws[1] == expected_draws[1]
+    torch.testing.assert_close(draws[2], expected_draws[2], rtol=0, atol=0)
+
+
+def test_crash_during_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    model, opt, sched = trained_parts()
+    ckpt = Checkpointer(model, str(tmp_path), optimizer=opt, scheduler=sched)
+    good = ckpt.save("model_0000001", iteration=1)
+    good_bytes = open(good, "rb").read()
+
+    real_save = torch.save
+
+    def crashing_save(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        f.truncate(100)  # half-written, then the "crash"
+        raise OSError("disk full")
+
+    with torch.no_grad():
+        model.head.weight.add_(1.0)
+    monkeypatch.setattr(torch, "save", crashing_save)
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.save("model_0000002", iteration=2)
+    monkeypatch.setattr(torch, "save", real_save)
+
+    assert open(good, "rb").read() == good_bytes
+    assert not os.path.exists(tmp_path / "model_0000002.pth")
+    assert open(tmp_path / LAST_CHECKPOINT_FILE).read() == "model_0000001.pth"
+    assert [p for p in os.listdir(tmp_path) if p.endswith(".tmp")] == []
+    assert Checkpointer(Small(), str(tmp_path)).resume()["iteration"] == 1
+
+
+def test_crash_while_writing_pointer_keeps_old_pointer(tmp_path, monkeypatch):
+    model, opt, _ = trained_parts()
+    ckpt = Checkpointer(model, str(tmp_path), optimizer=opt)
+    ckpt.save("a", iteration=0)
+    real_write_text = checkpoint_module._atomic_write_text
+
+    def failing_pointer(path, text):
+        raise KeyboardInterrupt  # e.g. the process is interrupted right here
+
+    monkeypatch.setattr(checkpoint_module, "_atomic_write_text", failing_pointer)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save("b", iteration=1)
+    monkeypatch.setattr(checkpoint_module, "_atomic_write_text", real_write_text)
+    # b.pth is complete but not yet pointed to; the pointer still names a complete file.
+    assert open(tmp_path / LAST_CHECKPOINT_FILE).read() == "a.pth"
+    assert Checkpointer(Small(), str(tmp_path)).resume()["iteration"] == 0
+
+
+def test_atomic_save_permissions_follow_umask(tmp_path):
+    path = str(tmp_path / "x.pth")
+    atomic_torch_save({"a": torch.zeros(1)}, path)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~mask
+
+
+class RunsCode:
+    marker = None
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_weights_only_refuses_a_pickle_that_runs_code(tmp_path):
+    marker = tmp_path / "pwned"
+    RunsCode.marker = str(marker)
+    evil = str(tmp_path / "evil.pth")
+    torch.save({"model": {"head.weight": torch.zeros(3, 4)}, "payload": RunsCode()}, evil)
+    with pytest.raises(pickle.UnpicklingError, match="Refusing to load"):
+        load_model_weights(Small(), evil)
+    (tmp_path / LAST_CHECKPOINT_FILE).write_text("evil.pth")
+    with pytest.raises(pickle.UnpicklingError, match="arbitrary code"):
+        Checkpointer(Small(), str(tmp_path)).resume()
+    assert not marker.exists()
+    # The file really does run code when unpickled without the guard.
+    torch.load(evil, weights_only=False)
+    assert marker.exists()
+
+
+def test_load_report_lists_missing_unexpected_and_mismatched(tmp_path, caplog):
+    src = Small(classes=5)
+    state = src.state_dict()
+    del state["body.1.bias"]
+    state["extra.layer.weight"] = torch.ones(2)
+    path = str(tmp_path / "w.pth")
+    torch.save({"module." + k: v for k, v in state.items()}, path)  # as saved from a DDP wrapper
+
+    dst = Small(classes=3)
+    head_before = dst.head.weight.detach().clone()
+    gn_bias_before = dst.body[1].bias.detach().clone()
+    with caplog.at_level(logging.WARNING, logger="detcore.engine.checkpoint"):
+        report = load_model_weights(dst, path)
+    assert sorted(report.loaded) == ["body.0.bias", "body.0.weight", "body.1.weight"]
+    assert report.missing == ["body.1.bias"]
+    assert report.unexpected == ["extra.layer.weight"]
+    assert sorted(report.mismatched) == [("head.bias", (5,), (3,)), ("head.weight", (5, 4), (3, 4))]
+    # Loaded tensors are copied; skipped ones keep their values.
+    torch.testing.assert_close(dst.body[0].weight, src.body[0].weight, rtol=0, atol=0)
+    torch.testing.assert_close(dst.head.weight, head_before, rtol=0, atol=0)
+    torch.testing.assert_close(dst.body[1].bias, gn_bias_before, rtol=0, atol=0)
+    table = caplog.records[-1].getMessage()
+    assert "Loaded 3 of 6 model tensors" in table
+    assert "head.weight" in table and "(5, 4)" in table and "(3, 4)" in table
+    assert "body.1.bias" in table and "extra.layer.weight" in table
+
+    with pytest.raises(ValueError, match="do not match"):
+        load_model_weights(Small(classes=3), path, strict=True)
+
+
+def test_full_load_is_quiet_and_reads_trainer_checkpoints(tmp_path, caplog):
+    model, opt, sched = trained_parts()
+    path = Checkpointer(model, str(tmp_path), optimizer=opt, scheduler=sched).save("final", iteration=9)
+    fresh = Small()
+    with caplog.at_level(logging.INFO, logger="detcore.engine.checkpoint"):
+        report = load_model_weights(fresh, path)
+    assert report.complete
+    assert_same_tensors(fresh.state_dict(), model.state_dict())
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_resume_refuses_a_different_model(tmp_path):
+    model, opt, _ = trained_parts()
+    Checkpointer(model, str(tmp_path), optimizer=opt).save("m", iteration=0)
+    with pytest.raises(ValueError, match="does not match the model"):
+        Checkpointer(Small(classes=7), str(tmp_path)).resume()
+
+
+def test_registered_converter_renames_keys(tmp_path, monkeypatch):
+    src = Small()
+    path = str(tmp_path / "foreign.pth")
+    torch.save({"state_dict": {"backbone." + k: v for k, v in src.state_dict().items()}}, path)
+
+    def strip_backbone(file_state, model_state):
+        if not all(k.startswith("backbone.") for k in file_state):
+            return None
+        return {k[len("backbone."):]: v for k, v in file_state.items()}
+
+    monkeypatch.setattr(checkpoint_module, "_CONVERTERS", [])
+    register_weights_converter(strip_backbone)
+    dst = Small()
+    assert load_model_weights(dst, path).complete
+    assert_same_tensors(dst.state_dict(), src.state_dict())
+
+
+def test_resume_or_load(tmp_path):
+    model, opt, _ = trained_parts()
+    weights = str(tmp_path / "weights.pth")
+    torch.save(model.state_dict(), weights)
+    out = tmp_path / "run"
+    fresh = Small()
+    ckpt = Checkpointer(fresh, str(out))
+    assert ckpt.resume_or_load(weights, resume=True) == {}  # nothing to resume: weights only
+    assert_same_tensors(fresh.state_dict(), model.state_dict())
+    ckpt.save("model_0000004", iteration=4)
+    assert Checkpointer(Small(), str(out)).resume_or_load("", resume=True)["iteration"] == 4
+    assert Checkpointer(Small(), str(out)).resume_or_load("", resume=False) == {}

@@ -1,0 +1,204 @@
+"""DefaultTrainer end to end on the toy detector (fast) and on a tiny Mask R-CNN (slow):
+outputs, periodic checkpoints and evaluation, resume, NaN stop, SIGKILL + resume, setup."""
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from detcore.engine import DefaultTrainer, default_setup
+from detcore.engine.checkpoint import LAST_CHECKPOINT_FILE, load_checkpoint_file
+from detcore.utils.plotting import read_metrics
+
+from .toy_model import REPO, TINY_RCNN, TOY, ToyDetector, make_cfg, subprocess_env
+
+
+def toy_cfg(out, *extra):
+    cfg = make_cfg(out, TOY + ["SOLVER.BASE_LR", "0.05", "SOLVER.WARMUP_ITERS", "2", "SOLVER.STEPS", "(100,)"] + list(extra))
+    cfg.freeze()
+    return cfg
+
+
+def checkpoints(folder):
+    return sorted(p for p in os.listdir(folder) if p.endswith(".pth"))
+
+
+def test_training_run_writes_metrics_checkpoints_eval_and_curves(tiny_cache, tmp_path):
+    cfg = toy_cfg(tmp_path, "SOLVER.MAX_ITER", "6", "SOLVER.CHECKPOINT_PERIOD", "2", "LOG_PERIOD", "2", "TEST.EVAL_PERIOD", "3")
+    trainer = DefaultTrainer(cfg)
+    trainer.resume_or_load(resume=False)
+    results = trainer.train()
+
+    assert checkpoints(tmp_path) == ["model_0000001.pth", "model_0000003.pth", "model_final.pth"]
+    assert open(tmp_path / LAST_CHECKPOINT_FILE).read() == "model_final.pth"
+    final = load_checkpoint_file(str(tmp_path / "model_final.pth"))
+    assert final["iteration"] == 5
+    assert {"model", "optimizer", "scheduler", "rng_states"} <= set(final)
+    assert final["scheduler"]["last_epoch"] == 6
+
+    records = read_metrics(str(tmp_path / "metrics.json"))
+    train_lines = [r for r in records if "total_loss" in r]
+    assert [r["iteration"] for r in train_lines] == [1, 3, 5]
+    for r in train_lines:
+        assert {"loss_cls", "loss_box_reg", "total_loss", "lr", "time", "data_time"} <= set(r)
+    # lr recorded is the one used at that iteration: linear warmup over 2 iterations from 0.001x.
+    assert train_lines[0]["lr"] == pytest.approx(0.05 * (0.001 * 0.5 + 0.5))
+    eval_lines = [r for r in records if "bbox/AP" in r]
+    assert [r["iteration"] for r in eval_lines] == [2, 6]  # after iteration 2 (EVAL_PERIOD 3), and at the end
+    assert set(results) == {"bbox"} and "AP50" in results["bbox"]
+    assert os.path.getsize(tmp_path / "loss_curves.png") > 0
+    assert os.path.isfile(tmp_path / "inference" / "tiny_shapes_val" / "coco_eval_metrics.json")
+
+
+def test_resume_continues_and_rewrites_redone_metrics(tiny_cache, tmp_path):
+    base = ["SOLVER.CHECKPOINT_PERIOD", "2", "LOG_PERIOD", "1", "DATASETS.TEST", "()"]
+    first = DefaultTrainer(toy_cfg(tmp_path, "SOLVER.MAX_ITER", "5", *base))
+    first.resume_or_load(resume=True)  # nothing there yet: from scratch
+    assert first.start_iter == 0
+    first.train()
+
+    # Pretend the run died after iteration 3's checkpoint, having logged up to iteration 4.
+    (tmp_path / LAST_CHECKPOINT_FILE).write_text("model_0000003.pth")
+    saved = load_checkpoint_file(str(tmp_path / "model_0000003.pth"))
+    second = DefaultTrainer(toy_cfg(tmp_path, "SOLVER.MAX_ITER", "8", *base))
+    second.resume_or_load(resume=True)
+    assert second.start_iter == 4
+    for k, v in second.model.state_dict().items():
+        torch.testing.assert_close(v, saved["model"][k], rtol=0, atol=0)
+    assert second.scheduler.last_epoch == saved["scheduler"]["last_epoch"] == 4
+    second.train()
+    iterations = [r["iteration"] for r in read_metrics(str(tmp_path / "metrics.json")) if "total_loss" in r]
+    assert iterations == list(range(8))
+    assert load_checkpoint_file(str(tmp_path / "model_final.pth"))["iteration"] == 7
+
+
+def test_nan_loss_stops_training_and_keeps_last_good_checkpoint(tiny_cache, tmp_path, monkeypatch):
+    real_forward = ToyDetector.forward
+    calls = {"n": 0}
+    snapshot = {}
+
+    def forward(self, batched_inputs):
+        losses = real_forward(self, batched_inputs)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] == 6:  # iteration 5
+                snapshot.update({k: v.detach().clone() for k, v in self.state_dict().items()})
+                losses["loss_box_reg"] = losses["loss_box_reg"] * float("nan")
+        return losses
+
+    monkeypatch.setattr(ToyDetector, "forward", forward)
+    trainer = DefaultTrainer(toy_cfg(tmp_path, "SOLVER.MAX_ITER", "20", "SOLVER.CHECKPOINT_PERIOD", "2", "LOG_PERIOD", "1"))
+    trainer.resume_or_load(resume=False)
+    with pytest.raises(FloatingPointError) as info:
+        trainer.train()
+    assert "iteration=5" in str(info.value) and "loss_box_reg" in str(info.value)
+    assert "loss_cls" not in str(info.value)
+    assert checkpoints(tmp_path) == ["model_0000001.pth", "model_0000003.pth"]
+    assert open(tmp_path / LAST_CHECKPOINT_FILE).read() == "model_0000003.pth"
+    for k, v in trainer.model.state_dict().items():
+        torch.testing.assert_close(v, snapshot[k], rtol=0, atol=0)
+    # No evaluation ran, and the metrics stop at the last good iteration.
+    records = read_metrics(str(tmp_path / "metrics.json"))
+    assert max(r["iteration"] for r in records) == 4
+    assert not any("bbox/AP" in r for r in records)
+
+
+def test_sigkill_then_resume_restores_the_saved_state(tiny_cache, tmp_path):
+    out = tmp_path / "run"
+    args = [
+        sys.executable, os.path.join(REPO, "tests", "tools", "launcher.py"), os.path.join(REPO, "tools", "train_net.py"),
+        "--config-file", os.path.join(REPO, "configs", "e2e_mask_rcnn_R_18_FPN_shapes.yaml"),
+        *TOY, "SOLVER.MAX_ITER", "100000", "SOLVER.CHECKPOINT_PERIOD", "4", "LOG_PERIOD", "1",
+        "DATASETS.TEST", "()", "OUTPUT_DIR", str(out),
+    ]
+    proc = subprocess.Popen(args, env=subprocess_env(tiny_cache), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pointer = out / LAST_CHECKPOINT_FILE
+    try:
+        deadline = time.time() + 120
+        # Wait for the second checkpoint, so that one checkpoint was replaced by another.
+        while not (pointer.exists() and pointer.read_text() >= "model_0000007.pth"):
+            if proc.poll() is not None:
+                pytest.fail(f"training exited early ({proc.returncode}):\n{proc.stderr.read().decode()[-3000:]}")
+            if time.time() > deadline:
+                pytest.fail("no second checkpoint within 120 s")
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+
+    saved_path = out / pointer.read_text()
+    saved = load_checkpoint_file(str(saved_path))  # complete, whenever the kill landed
+    trainer = DefaultTrainer(toy_cfg(out, "SOLVER.MAX_ITER", str(saved["iteration"] + 3), "SOLVER.CHECKPOINT_PERIOD", "4",
+                                     "LOG_PERIOD", "1", "DATASETS.TEST", "()"))
+    trainer.resume_or_load(resume=True)
+    assert trainer.start_iter == saved["iteration"] + 1
+    for k, v in trainer.model.state_dict().items():
+        torch.testing.assert_close(v, saved["model"][k], rtol=0, atol=0)
+    opt_state = trainer.optimizer.state_dict()
+    assert opt_state["param_groups"] == saved["optimizer"]["param_groups"]
+    for idx, state in saved["optimizer"]["state"].items():
+        torch.testing.assert_close(opt_state["state"][idx]["momentum_buffer"], state["momentum_buffer"], rtol=0, atol=0)
+    assert trainer.scheduler.last_epoch == saved["iteration"] + 1
+
+    trainer.train()
+    final = load_checkpoint_file(str(out / "model_final.pth"))
+    assert final["iteration"] == saved["iteration"] + 2
+    iterations = [r["iteration"] for r in read_metrics(str(out / "metrics.json")) if "total_loss" in r]
+    assert iterations == list(range(saved["iteration"] + 3))  # redone iterations not duplicated
+
+
+@pytest.fixture
+def restore_detcore_logger():
+    logger = logging.getLogger("detcore")
+    state = (list(logger.handlers), logger.propagate, logger.level)
+    yield
+    for h in logger.handlers:
+        if h not in state[0]:
+            h.close()
+    logger.handlers[:] = state[0]
+    logger.propagate, logger.level = state[1], state[2]
+
+
+def test_default_setup_writes_config_log_and_seeds(tmp_path, restore_detcore_logger):
+    out = tmp_path / "setup"
+    cfg = make_cfg(out, ["SEED", "-1"])
+    cfg.freeze()
+    default_setup(cfg)
+    logging.getLogger("detcore.test").info("hello from the test")
+    assert (out / "config.yaml").read_text() == cfg.dump()
+    log = (out / "log.txt").read_text()
+    assert "hello from the test" in log
+    assert "Random seed of this process:" in log and "drawn at random" in log
+    assert "Full config:" in log and "Environment:" in log
+
+    cfg2 = make_cfg(tmp_path / "setup2", ["SEED", "123"])
+    default_setup(cfg2)
+    a = torch.rand(3)
+    default_setup(cfg2)
+    torch.testing.assert_close(torch.rand(3), a, rtol=0, atol=0)  # same seed, same stream
+
+
+@pytest.mark.slow
+def test_tiny_mask_rcnn_loss_decreases(tiny_cache, tmp_path):
+    cfg = make_cfg(tmp_path, TINY_RCNN + [
+        "SOLVER.MAX_ITER", "20", "SOLVER.BASE_LR", "0.01", "SOLVER.WARMUP_ITERS", "2", "SOLVER.STEPS", "(100,)",
+        "SOLVER.CHECKPOINT_PERIOD", "100", "LOG_PERIOD", "5", "DATASETS.TEST", "()",
+    ])
+    cfg.freeze()
+    trainer = DefaultTrainer(cfg)
+    trainer.resume_or_load(resume=False)
+    trainer.train()
+    losses = [v for v, _ in trainer.storage.history("total_loss").values()]
+    assert len(losses) == 20 and all(map(lambda v: v == v, losses))
+    first, last = sum(losses[:3]) / 3, sum(losses[-5:]) / 5
+    assert last < 0.85 * first, losses
+    assert checkpoints(tmp_path) == ["model_final.pth"]
+    lines = [json.loads(line) for line in open(tmp_path / "metrics.json")]
+    assert {"loss_rpn_cls", "loss_rpn_loc", "loss_cls", "loss_box_reg", "loss_mask"} <= set(lines[-1])

@@ -1,0 +1,62 @@
+"""Input path collection and the drawing loop of tools/demo.py (with a stand-in predictor)."""
+import os
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from detcore.engine.demo import collect_image_paths, visualize_images
+from detcore.structures import Boxes, Instances
+
+
+def write_image(path, value=90, size=(40, 60)):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    cv2.imwrite(str(path), np.full((*size, 3), value, np.uint8))
+    return str(path)
+
+
+def test_collect_folders_files_and_globs(tmp_path):
+    a = write_image(tmp_path / "imgs" / "b.png")
+    b = write_image(tmp_path / "imgs" / "a.jpg")
+    (tmp_path / "imgs" / "notes.txt").write_text("not an image")
+    c = write_image(tmp_path / "other" / "c.png")
+    d = write_image(tmp_path / "other" / "d.png")
+    got = collect_image_paths([str(tmp_path / "imgs"), c, str(tmp_path / "other" / "*.png")])
+    assert got == [b, a, c, d]  # folder sorted, then the file, then the glob minus the repeat
+    with pytest.raises(FileNotFoundError, match="matches no image"):
+        collect_image_paths([str(tmp_path / "missing" / "*.png")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no image"):
+        collect_image_paths([str(tmp_path / "empty")])
+
+
+def test_visualize_writes_one_png_per_image_with_the_detections(tmp_path):
+    p1 = write_image(tmp_path / "x" / "same.png")
+    p2 = write_image(tmp_path / "y" / "same.png")
+    calls = []
+
+    def predictor(image):
+        calls.append(image.shape)
+        h, w = image.shape[:2]
+        return {"instances": Instances(
+            (h, w),
+            pred_boxes=Boxes(torch.tensor([[5.0, 5.0, 30.0, 25.0], [0.0, 0.0, 4.0, 4.0]])),
+            scores=torch.tensor([0.9, 0.1]),
+            pred_classes=torch.tensor([1, 0]),
+        )}
+
+    written = visualize_images(predictor, [p1, p2], str(tmp_path / "out"), class_names=["a", "b"], score_threshold=0.5)
+    assert [os.path.basename(p) for p in written] == ["same.png", "same_1.png"]
+    assert calls == [(40, 60, 3), (40, 60, 3)]
+    out = cv2.imread(written[0])
+    assert out.shape == (40, 60, 3)
+    assert (out[5, 5:30] != 90).any()  # the kept box's top edge is drawn
+    assert (out[0:4, 0:4] == 90).all()  # the 0.1-score box is not
+
+
+def test_unreadable_image_is_an_error(tmp_path):
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not a png")
+    with pytest.raises(OSError, match="could not read"):
+        visualize_images(lambda im: None, [str(bad)], str(tmp_path / "out"))

@@ -1,0 +1,199 @@
+"""Predictor: numpy BGR image in, numpy detections in original pixels out; preprocessing
+(channel order, test-time resize), weight loading, input checks."""
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from detcore.config import get_cfg
+from detcore.engine.predictor import Predictor
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Tiny models: intra-op threads cost more than they give, and oversubscribe a shared CPU.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _cfg(**overrides):
+    """The R-18 shapes config, narrowed for speed, testing at short side 64 (long side <= 100)."""
+    cfg = get_cfg()
+    cfg.merge_from_file(str(CONFIGS / "e2e_mask_rcnn_R_18_FPN_shapes.yaml"))
+    small = {
+        "MODEL.DEVICE": "cpu",
+        "MODEL.FPN.OUT_CHANNELS": 32,
+        "MODEL.ROI_BOX_HEAD.FC_DIM": 32,
+        "MODEL.ROI_MASK_HEAD.CONV_DIM": 32,
+        "MODEL.ROI_MASK_HEAD.NUM_CONV": 1,
+        "MODEL.RPN.PRE_NMS_TOPK_TEST": 200,
+        "MODEL.RPN.POST_NMS_TOPK_TEST": 50,
+        "MODEL.ROI_HEADS.SCORE_THRESH_TEST": 0.0,  # random weights: keep everything
+        "TEST.DETECTIONS_PER_IMAGE": 10,
+        "INPUT.MIN_SIZE_TEST": 64,
+        "INPUT.MAX_SIZE_TEST": 100,
+    }
+    small.update(overrides)
+    cfg.merge_from_list([item for pair in small.items() for item in pair])
+    return cfg
+
+
+def _bgr(h, w, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    torch.manual_seed(0)
+    return Predictor(_cfg())
+
+
+def _record_model_input(predictor):
+    """Capture the image tensor the model is called with."""
+    seen = []
+    handle = predictor.model.register_forward_pre_hook(lambda module, args: seen.append(args[0][0]))
+    return seen, handle
+
+
+def test_output_keys_shapes_and_dtypes(predictor):
+    image = _bgr(96, 80)
+    out = predictor(image)
+    assert set(out) == {"boxes", "scores", "labels", "masks", "instances"}
+    n = len(out["instances"])
+    assert 0 < n <= 10
+    assert out["boxes"].shape == (n, 4) and out["boxes"].dtype == np.float32
+    assert out["scores"].shape == (n,) and out["scores"].dtype == np.float32
+    assert out["labels"].shape == (n,) and out["labels"].dtype == np.int64
+    assert out["masks"].shape == (n, 96, 80) and out["masks"].dtype == np.bool_
+    assert ((out["labels"] >= 0) & (out["labels"] < 3)).all()
+    assert out["instances"].image_size == (96, 80)
+    np.testing.assert_array_equal(out["boxes"], out["instances"].pred_boxes.tensor.numpy())
+
+
+def test_model_input_is_the_resized_image_and_outputs_are_in_original_pixels(predictor):
+    image = _bgr(96, 160, seed=1)
+    seen, handle = _record_model_input(predictor)
+    try:
+        out = predictor(image)
+    finally:
+        handle.remove()
+    (inputs,) = seen
+    # Long side capped: scale = min(64 / 96, 100 / 160) = 0.625 -> 60 x 100.
+    assert tuple(inputs["image"].shape) == (3, 60, 100) and inputs["image"].dtype == torch.uint8
+    assert (inputs["height"], inputs["width"]) == (96, 160)
+    expected = cv2.resize(image, (100, 60), interpolation=cv2.INTER_LINEAR).transpose(2, 0, 1)
+    np.testing.assert_array_equal(inputs["image"].numpy(), expected)
+
+    # The same detections as the model run on that input, i.e. rescaled from 60x100 to 96x160.
+    with torch.no_grad():
+        raw = predictor.model.inference([{"image": inputs["image"]}], do_postprocess=False)[0]
+    boxes = raw.pred_boxes.tensor.numpy() * np.array([1.6, 1.6, 1.6, 1.6], dtype=np.float32)
+    boxes[:, 0::2] = boxes[:, 0::2].clip(0, 160)
+    boxes[:, 1::2] = boxes[:, 1::2].clip(0, 96)
+    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    np.testing.assert_allclose(out["boxes"], boxes[keep], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(out["scores"], raw.scores.numpy()[keep])
+    assert out["masks"].shape[1:] == (96, 160)
+    assert (out["boxes"][:, 0::2] <= 160).all() and (out["boxes"][:, 1::2] <= 96).all()
+
+
+def test_min_size_test_zero_means_no_resize():
+    p = Predictor(_cfg(**{"INPUT.MIN_SIZE_TEST": 0}))
+    image = _bgr(70, 90, seed=2)
+    assert torch.equal(p.preprocess(image), torch.as_tensor(image.transpose(2, 0, 1).copy()))
+    assert p(image)["masks"].shape[1:] == (70, 90)
+
+
+def test_rgb_input_format_flips_the_channels():
+    image = _bgr(64, 64, seed=3)
+    bgr = Predictor(_cfg())
+    rgb = Predictor(
+        _cfg(
+            **{
+                "INPUT.FORMAT": "RGB",
+                "MODEL.PIXEL_MEAN": [123.675, 116.28, 103.53],
+                "MODEL.PIXEL_STD": [58.395, 57.12, 57.375],
+            }
+        )
+    )
+    assert rgb.model.input_format == "RGB"
+    np.testing.assert_array_equal(bgr.preprocess(image).numpy(), image.transpose(2, 0, 1))
+    np.testing.assert_array_equal(rgb.preprocess(image).numpy(), image[:, :, ::-1].transpose(2, 0, 1))
+    # An RGB model whose first conv has its input channels reversed, and mean/std reversed, sees
+    # exactly what the BGR model sees: the predictions agree.
+    state = bgr.model.state_dict()
+    stem = "backbone.bottom_up.stem.conv1.weight"
+    state[stem] = state[stem].flip(1)
+    rgb.model.load_state_dict(state)
+    a, b = bgr(image), rgb(image)
+    np.testing.assert_allclose(a["boxes"], b["boxes"], rtol=1e-4, atol=1e-3)
+    np.testing.assert_array_equal(a["labels"], b["labels"])
+
+
+def test_faster_rcnn_output_has_no_masks():
+    out = Predictor(_cfg(**{"MODEL.MASK_ON": False}))(_bgr(64, 64))
+    assert set(out) == {"boxes", "scores", "labels", "instances"}
+
+
+def test_no_detection_gives_empty_arrays_of_the_right_shape():
+    out = Predictor(_cfg(**{"MODEL.ROI_HEADS.SCORE_THRESH_TEST": 1.0}))(_bgr(50, 70))
+    assert out["boxes"].shape == (0, 4) and out["scores"].shape == (0,) and out["labels"].shape == (0,)
+    assert out["masks"].shape == (0, 50, 70) and out["masks"].dtype == np.bool_
+
+
+def test_prediction_does_not_touch_numpy_global_rng(predictor):
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    predictor(_bgr(64, 64))
+    np.testing.assert_array_equal(np.random.get_state()[1], before)
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        ([[0, 0, 0]], TypeError),  # not an array
+        (torch.zeros(32, 32, 3, dtype=torch.uint8), TypeError),  # a tensor, not numpy
+        (np.zeros((32, 32, 3), np.float32), ValueError),  # not uint8
+        (np.zeros((32, 32), np.uint8), ValueError),  # grayscale without channel axis
+        (np.zeros((32, 32, 4), np.uint8), ValueError),  # BGRA
+        (np.zeros((3, 32, 32), np.uint8), ValueError),  # CHW
+        (np.zeros((0, 32, 3), np.uint8), ValueError),  # empty
+    ],
+)
+def test_bad_input_is_rejected_naming_the_expectation(predictor, bad, error):
+    with pytest.raises(error, match=r"uint8 array \[H, W, 3\] in BGR order"):
+        predictor(bad)
+
+
+def test_unknown_input_format_is_rejected():
+    with pytest.raises(ValueError, match="INPUT.FORMAT"):
+        Predictor(_cfg(**{"INPUT.FORMAT": "YUV"}))
+
+
+# --- weights ---------------------------------------------------------------------------------------
+def test_loads_weights_from_a_state_dict_and_a_trainer_checkpoint(tmp_path, predictor):
+    image = _bgr(64, 80, seed=4)
+    expected = predictor(image)
+    plain, wrapped = tmp_path / "model.pth", tmp_path / "model_final.pth"
+    torch.save(predictor.model.state_dict(), plain)
+    torch.save({"model": predictor.model.state_dict(), "iteration": 7}, wrapped)
+    for path in (plain, wrapped):
+        torch.manual_seed(1)  # a different initialization, overwritten by the file
+        loaded = Predictor(_cfg(**{"MODEL.WEIGHTS": str(path)}))
+        assert loaded.load_report is not None and loaded.load_report.complete
+        out = loaded(image)
+        np.testing.assert_allclose(out["boxes"], expected["boxes"], rtol=1e-5, atol=1e-4)
+        np.testing.assert_array_equal(out["labels"], expected["labels"])
+        np.testing.assert_array_equal(out["masks"], expected["masks"])
+
+
+def test_missing_weights_file_is_a_clear_error(tmp_path):
+    missing = tmp_path / "nope.pth"
+    with pytest.raises(FileNotFoundError, match="nope.pth"):
+        Predictor(_cfg(**{"MODEL.WEIGHTS": str(missing)}))

@@ -1,0 +1,16 @@
+import os
+
+import pytest
+
+from tests.engine.toy_model import session_cache
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory):
+    """Data cache with the tiny shapes splits registered as tiny_shapes_train / tiny_shapes_val."""
+    old = os.environ.get("DETCORE_CACHE")
+    yield session_cache(tmp_path_factory)
+    if old is None:
+        os.environ.pop("DETCORE_CACHE", None)
+    else:
+        os.environ["DETCORE_CACHE"] = old

@@ -1,0 +1,95 @@
+"""tools/test_net.py prints the AP of a checkpoint; tools/demo.py draws its detections into PNGs."""
+import os
+import subprocess
+import sys
+
+import cv2
+import pytest
+import torch
+
+from detcore.data import MetadataCatalog
+from detcore.engine import DefaultTrainer
+from detcore.modeling import build_model
+
+from tests.engine.toy_model import REPO, TINY_RCNN, TINY_VAL, TOY, make_cfg, subprocess_env
+
+LAUNCHER = os.path.join(REPO, "tests", "tools", "launcher.py")
+CONFIG = os.path.join(REPO, "configs", "e2e_mask_rcnn_R_18_FPN_shapes.yaml")
+
+
+def run(script, args, cache):
+    cmd = [sys.executable, LAUNCHER, os.path.join(REPO, "tools", script), "--config-file", CONFIG, *args]
+    proc = subprocess.run(cmd, env=subprocess_env(cache), capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, f"{script} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def train(out, opts, iters):
+    cfg = make_cfg(out, opts + ["SOLVER.MAX_ITER", str(iters), "SOLVER.CHECKPOINT_PERIOD", "100", "DATASETS.TEST", "()",
+                                "SOLVER.WARMUP_ITERS", "1"])
+    cfg.freeze()
+    trainer = DefaultTrainer(cfg)
+    trainer.resume_or_load(resume=False)
+    trainer.train()
+    return str(out / "model_final.pth")
+
+
+def assert_prints_ap(stdout, tasks):
+    lines = stdout.splitlines()
+    for task in tasks:
+        row = [line for line in lines if line.startswith(f"{task}: AP ")]
+        assert row, f"no '{task}: AP' line in:\n{stdout[-3000:]}"
+        assert "AP50" in row[0] and "AP75" in row[0]
+
+
+def test_test_net_prints_ap_of_a_checkpoint(tiny_cache, tmp_path):
+    weights = train(tmp_path / "train", TOY, 3)
+    out = tmp_path / "test"
+    stdout = run("test_net.py", [*TOY, "MODEL.WEIGHTS", weights, "OUTPUT_DIR", str(out)], tiny_cache)
+    assert_prints_ap(stdout, ["bbox"])
+    assert (out / "inference" / TINY_VAL / "coco_eval_metrics.json").is_file()
+
+
+def test_test_net_needs_weights(tiny_cache, tmp_path):
+    cmd = [sys.executable, LAUNCHER, os.path.join(REPO, "tools", "test_net.py"), "--config-file", CONFIG, *TOY]
+    proc = subprocess.run(cmd, env=subprocess_env(tiny_cache), capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode != 0 and "MODEL.WEIGHTS" in proc.stderr
+
+
+def val_images():
+    return MetadataCatalog.get(TINY_VAL).image_root
+
+
+def check_pngs(out_dir, names):
+    written = sorted(os.listdir(out_dir))
+    assert written == sorted(names)
+    for name in written:
+        image = cv2.imread(os.path.join(out_dir, name))
+        assert image is not None and image.ndim == 3
+
+
+def test_demo_writes_pngs(tiny_cache, tmp_path):
+    # An untrained Mask R-CNN is enough to exercise the pipeline: image in, drawn PNG out.
+    cfg = make_cfg(tmp_path, TINY_RCNN)
+    torch.manual_seed(0)
+    weights = str(tmp_path / "init.pth")
+    torch.save({"model": build_model(cfg).state_dict()}, weights)
+    images = sorted(os.listdir(val_images()))[:2]
+    out = tmp_path / "demo"
+    # Overrides right after the inputs: the tool must tell the two apart.
+    stdout = run("demo.py", ["--output", str(out), "--confidence-threshold", "0.0",
+                             "--input", *(os.path.join(val_images(), n) for n in images),
+                             *TINY_RCNN, "MODEL.WEIGHTS", weights], tiny_cache)
+    assert f"Wrote 2 picture(s) to {out}" in stdout
+    check_pngs(out, [os.path.splitext(n)[0] + ".png" for n in images])
+
+
+@pytest.mark.slow
+def test_tiny_mask_rcnn_checkpoint_ap_and_demo(tiny_cache, tmp_path):
+    weights = train(tmp_path / "train", TINY_RCNN, 4)
+    stdout = run("test_net.py", [*TINY_RCNN, "MODEL.WEIGHTS", weights, "OUTPUT_DIR", str(tmp_path / "test")], tiny_cache)
+    assert_prints_ap(stdout, ["bbox", "segm"])
+    out = tmp_path / "demo"
+    run("demo.py", ["--input", os.path.join(val_images(), "*.png"), "--output", str(out), "--max-images", "3",
+                    *TINY_RCNN, "MODEL.WEIGHTS", weights], tiny_cache)
+    check_pngs(out, [os.path.splitext(n)[0] + ".png" for n in sorted(os.listdir(val_images()))[:3]])

@@ -1,0 +1,60 @@
+#!/usr/bin/env python
+"""Draw a model's detections (boxes, masks, class names, scores) on images, saved as PNGs.
+
+    python tools/demo.py --config-file configs/e2e_mask_rcnn_R_18_FPN_shapes.yaml \
+        --input imgs/ "more/*.jpg" one.png --output out/ MODEL.WEIGHTS model_final.pth
+"""
+import argparse
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from detcore.config import get_cfg  # noqa: E402
+from detcore.data import MetadataCatalog  # noqa: E402
+from detcore.engine import Predictor  # noqa: E402
+from detcore.engine.demo import collect_image_paths, visualize_images  # noqa: E402
+from detcore.utils.logger import setup_logger  # noqa: E402
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config-file", required=True, metavar="FILE", help="path to the yaml config")
+    parser.add_argument("--input", required=True, nargs="+", help="image files, folders or glob patterns")
+    parser.add_argument("--output", required=True, help="folder for the PNGs (created if missing)")
+    parser.add_argument("--confidence-threshold", type=float, default=0.5, help="draw detections scoring at least this")
+    parser.add_argument("--max-images", type=int, default=0, help="only the first N images (0: all)")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE overrides; set MODEL.WEIGHTS")
+    args = parser.parse_args()
+    # "--input a.png MODEL.WEIGHTS x.pth" (overrides right after the inputs): nargs="+" took
+    # the overrides as inputs; move everything from the first config key on back to opts.
+    for i, item in enumerate(args.input):
+        if _CONFIG_KEY.match(item) and not os.path.exists(item):
+            args.input, args.opts = args.input[:i], args.input[i:] + args.opts
+            break
+    if not args.input:
+        parser.error("--input needs at least one image file, folder or glob pattern")
+    return args
+
+
+_CONFIG_KEY = re.compile(r"^[A-Z][A-Z0-9_]*(\.[A-Z0-9_]+)+$")
+
+
+def main():
+    args = parse_args()
+    setup_logger()
+    cfg = get_cfg()
+    cfg.merge_from_file(args.config_file)
+    cfg.merge_from_list(args.opts)
+    cfg.freeze()
+    paths = collect_image_paths(args.input)
+    if args.max_images > 0:
+        paths = paths[: args.max_images]
+    class_names = MetadataCatalog.get(cfg.DATASETS.TEST[0]).get("thing_classes") if cfg.DATASETS.TEST else None
+    written = visualize_images(Predictor(cfg), paths, args.output, class_names, args.confidence_threshold)
+    print(f"Wrote {len(written)} picture(s) to {os.path.abspath(args.output)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+#!/usr/bin/env python
+"""Evaluate a checkpoint on the config's DATASETS.TEST and print its AP.
+
+    python tools/test_net.py --config-file configs/e2e_mask_rcnn_R_18_FPN_shapes.yaml \
+        MODEL.WEIGHTS output/e2e_mask_rcnn_R_18_FPN_shapes/model_final.pth
+    torchrun --nproc_per_node 2 tools/test_net.py --config-file X MODEL.WEIGHTS ckpt.pth
+
+Results are also saved under OUTPUT_DIR/inference/<dataset>/ (predictions and metrics json).
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from detcore.config import get_cfg  # noqa: E402
+from detcore.engine import DefaultTrainer, default_setup, format_results, launch, load_model_weights  # noqa: E402
+from detcore.utils import comm  # noqa: E402
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config-file", required=True, metavar="FILE", help="path to the yaml config")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE overrides; set MODEL.WEIGHTS")
+    return parser.parse_args()
+
+
+def main(args):
+    cfg = get_cfg()
+    cfg.merge_from_file(args.config_file)
+    cfg.merge_from_list(args.opts)
+    cfg.freeze()
+    if not cfg.MODEL.WEIGHTS:
+        raise SystemExit("test_net: give the checkpoint to evaluate as MODEL.WEIGHTS path/to/model.pth")
+    default_setup(cfg, args)
+    model = DefaultTrainer.build_model(cfg)
+    load_model_weights(model, cfg.MODEL.WEIGHTS)
+    results = DefaultTrainer.test(cfg, model)
+    if comm.is_main_process():
+        print(format_results(results if len(cfg.DATASETS.TEST) == 1 else {
+            f"{name}/{task}": m for name, r in results.items() for task, m in r.items()
+        }))
+    return results
+
+
+if __name__ == "__main__":
+    launch(main, parse_args())
