@@ -5,16 +5,18 @@
 #
 #   bash scripts/main.sh                              # the full recipe of the config
 #   bash scripts/main.sh SOLVER.MAX_ITER 200          # KEY VALUE config overrides (training and demo)
-#   CONFIG=configs/e2e_mask_rcnn_R_34_FPN_shapes.yaml OUTPUT=output/shapes_R34 bash scripts/main.sh
+#   CONFIG=configs/e2e_mask_rcnn_R_34_FPN_shapes.yaml bash scripts/main.sh   # -> output/shapes_R34
 #
-# Environment: CONFIG (the yaml), OUTPUT (the folder; default output/shapes_R18), NUM_DEMO
+# Environment: CONFIG (the yaml), OUTPUT (the folder; default output/shapes_R18 / _R34), NUM_DEMO
 # (pictures to draw, default 8), SKIP_SETUP=1 (skip scripts/setup_env.sh), PYTHON.
 # --resume is passed to training, so re-running after an interruption continues the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 CONFIG=${CONFIG:-configs/e2e_mask_rcnn_R_18_FPN_shapes.yaml}
-OUTPUT=${OUTPUT:-output/shapes_R18}
+# Default folder named after the body: ..._R_18_FPN_shapes.yaml -> output/shapes_R18.
+BODY=$(basename "$CONFIG" .yaml | sed -n 's/.*_R_\([0-9]*\)_.*/R\1/p')
+OUTPUT=${OUTPUT:-output/shapes_${BODY:-run}}
 NUM_DEMO=${NUM_DEMO:-8}
 start=$(date +%s)
 

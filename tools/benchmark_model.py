@@ -24,7 +24,7 @@ from its parts: ``resnet_fpn_backbone("resnet50", norm_layer=FrozenBatchNorm2d,
 trainable_layers=3)`` + ``MaskRCNN`` -- exactly what the builder does for a pretrained backbone.
 
     python tools/benchmark_model.py                 # CPU, 800x1333 (several minutes on 2 cores)
-    python tools/benchmark_model.py --quick         # smoke run: small image, 1 repeat
+    python tools/benchmark_model.py --quick         # smoke run: small image, 1 repeat (~20 s idle)
     python tools/benchmark_model.py --device cuda --repeats 20
 
 Results are printed as a table (ratio = torchvision time / detcore time: above 1, detcore is
@@ -326,7 +326,7 @@ def worker(args):
     torch.manual_seed(0)
     device = torch.device(args.device)
     train = args.phase == "train"
-    runner = RUNNERS[args.framework](args, train)
+    runner = RUNNERS[args.worker](args, train)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     base_mb = peak_memory_mb(device)
@@ -352,6 +352,17 @@ def run_worker(args, framework, phase):
         sys.stderr.write(proc.stderr[-4000:])
         raise RuntimeError(f"the {framework} {phase} worker failed (exit code {proc.returncode})")
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def ratio(tv, dc):
@@ -380,6 +391,7 @@ def print_table(results, args):
     print(f"\nMask R-CNN R50-FPN, {args.height}x{args.width}, device {args.device}, {args.threads} thread(s), "
           f"median of {args.repeats} (inference) / {args.train_repeats} (train) runs")
     print(f"detcore config: {os.path.relpath(args.config, ROOT)}")
+    print("tv/detcore = torchvision / detcore: above 1, detcore is faster or smaller")
     print(f"{'':32} {'detcore':>12} {'torchvision':>12} {'tv/detcore':>11}  unit")
     for label, key, u in rows:
         d = get(dc, key)
@@ -391,7 +403,7 @@ def print_table(results, args):
     for name, res in results.items():
         i = res["infer"]
         print(f"{name}: {i['proposals_per_image']} proposals and {i['detections_per_image']} detections per image; "
-              f"{res['train']['trainable_params'] / 1e6:.2f}M trainable parameters")
+              f"{res['train']['trainable_params']:,} trainable parameters")
     print("Work is fixed, not learned: random weights, score threshold 0, "
           f"{args.proposals} proposals and {args.detections} detections per image on both; "
           "train step = forward + backward + SGD (lr 0) on 2 images with "
@@ -410,7 +422,10 @@ def main():
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--detections", type=int, default=100, help="detections per image, both models")
     parser.add_argument("--proposals", type=int, default=1000, help="RPN proposals per image at test time")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 320x480 image, 1 repeat, no warmup")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="smoke run: 192x288 image, 200 proposals, 20 detections, 1 repeat, no warmup",
+    )
     parser.add_argument("--output", default=None, help="JSON path (default benchmark_results/model_<device>.json)")
     parser.add_argument("--worker", choices=tuple(RUNNERS), help=argparse.SUPPRESS)
     parser.add_argument("--phase", choices=("infer", "train"), help=argparse.SUPPRESS)
@@ -423,7 +438,8 @@ def main():
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     if args.quick:
-        args.height, args.width = 320, 480
+        args.height, args.width = 192, 288
+        args.proposals, args.detections = 200, 20
         args.repeats = args.train_repeats = 1
         args.warmup = 0
 
@@ -448,7 +464,8 @@ def main():
     record = {
         "benchmark": "model",
         "device": args.device,
-        "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine(),
+        "device_name": torch.cuda.get_device_name() if args.device == "cuda" else cpu_name(),
+        "stages": "explicit calls of each stage in turn, synchronized, timed separately (same calls as the models' forward)",
         "threads": args.threads,
         "image": [args.height, args.width],
         "repeats": {"inference": args.repeats, "train": args.train_repeats, "warmup": args.warmup},

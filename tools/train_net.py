@@ -33,7 +33,10 @@ def main(args):
     cfg = setup(args)
     if args.eval_only:
         model = DefaultTrainer.build_model(cfg)
-        Checkpointer(model, cfg.OUTPUT_DIR).resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
+        checkpointer = Checkpointer(model, cfg.OUTPUT_DIR)
+        if not cfg.MODEL.WEIGHTS and not (args.resume and checkpointer.has_checkpoint()):
+            raise SystemExit("--eval-only needs weights: MODEL.WEIGHTS path/to/model.pth (or --resume with a checkpoint in OUTPUT_DIR)")
+        checkpointer.resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
         return DefaultTrainer.test(cfg, model)
     trainer = DefaultTrainer(cfg)
     trainer.resume_or_load(resume=args.resume)

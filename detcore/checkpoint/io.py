@@ -105,7 +105,7 @@ def read_checkpoint(path) -> Tuple[Dict[str, torch.Tensor], List[Tuple[str, str]
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint file not found: {path}")
     data = path.read_bytes()
-    obj = None
+    obj, not_a_pickle = None, None
     # Zip archives are torch.save files; anything else may be a plain (numpy) pickle first.
     if not data.startswith(b"PK\x03\x04"):
         try:
@@ -113,20 +113,20 @@ def read_checkpoint(path) -> Tuple[Dict[str, torch.Tensor], List[Tuple[str, str]
         except pickle.UnpicklingError as e:
             if "refusing" in str(e) and path.suffix == ".pkl":
                 raise pickle.UnpicklingError(f"{path}: {e}") from None
-            obj = None  # a legacy torch.save file (persistent ids): torch.load below
-        except (EOFError, ValueError, TypeError, AttributeError, ImportError, IndexError, KeyError):
-            obj = None
-    if not isinstance(obj, dict):
+            if "refusing" not in str(e):
+                not_a_pickle = e
+        except (EOFError, ValueError, TypeError, AttributeError, ImportError, IndexError, KeyError) as e:
+            not_a_pickle = e
+    if obj is None or isinstance(obj, int):
+        # A legacy torch.save file starts with a pickled magic number, read above as an int.
         try:
             obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as e:
-            if "weights only" not in str(e).lower():
-                raise ValueError(f"{path}: neither torch.load nor pickle can read it ({e})") from None
+        except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+            if not_a_pickle is not None or not isinstance(e, pickle.UnpicklingError):
+                raise ValueError(f"{path}: neither torch.load nor pickle can read it ({not_a_pickle or e})") from None
             raise pickle.UnpicklingError(
                 f"{path}: torch.load(weights_only=True) refused it ({e}). Checkpoints must hold only "
                 "tensors and plain containers; re-save just the weights, e.g. "
                 "torch.save(model.state_dict(), path)"
             ) from None
-        except RuntimeError as e:
-            raise ValueError(f"{path}: neither torch.load nor pickle can read it ({e})") from None
     return unwrap_state_dict(obj)

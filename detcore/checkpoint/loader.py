@@ -14,6 +14,8 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import nn
 
+from detcore.modeling.backbone.resnet import BottleneckBlock
+
 from .io import read_checkpoint
 from .mappings import ConvertedCheckpoint, convert_keys
 from .report import LoadReport
@@ -29,6 +31,7 @@ PREDICTOR_PREFIXES = (
 # Where backbone-only weights go when no model is given: the body of detcore's ResNet-FPN.
 _DEFAULT_BODY_PREFIX = "backbone.bottom_up."
 _BODY_ANCHOR = "stem.conv1.weight"
+_STEP_COUNTER = "BatchNorm step counter (FrozenBN keeps none)"
 
 
 def _shape(t: torch.Tensor) -> Tuple[int, ...]:
@@ -58,23 +61,29 @@ def _place(converted: ConvertedCheckpoint, prefix: str) -> ConvertedCheckpoint:
     return placed
 
 
+# What weights of a format were trained with: where bottlenecks stride, and the channel order.
+_STRIDE_IN_1X1 = {"torchvision-detection": False, "torchvision-resnet": False, "caffe2-resnet": True}
+_INPUT_FORMAT = {"torchvision-detection": "RGB", "torchvision-resnet": "RGB", "caffe2-resnet": "BGR"}
+
+
 def _setting_notes(fmt: str, model: nn.Module) -> list:
-    """Warn about model settings that do not fit weights of this format."""
+    """Warn about model settings that do not fit weights of this format (both give a model that
+    runs, and quietly computes something else)."""
     notes = []
-    # Where the first block of a downsampling stage strides tells STRIDE_IN_1X1.
+    wanted = _STRIDE_IN_1X1.get(fmt)
     for module in model.modules():
-        if type(module).__name__ == "BottleneckBlock" and module.downsample is not None:
+        # The first block of a downsampling stage shows where the stride sits.
+        if wanted is not None and isinstance(module, BottleneckBlock) and module.downsample is not None:
             if module.downsample[0].stride == (2, 2):
-                stride_in_1x1 = module.conv1.stride == (2, 2)
-                wanted = {"torchvision-detection": False, "torchvision-resnet": False, "caffe2-resnet": True}.get(fmt)
-                if wanted is not None and wanted != stride_in_1x1:
+                in_1x1 = module.conv1.stride == (2, 2)
+                if in_1x1 != wanted:
                     notes.append(
                         f"{fmt} weights stride on the {'1x1' if wanted else '3x3'} conv but the model on the "
-                        f"{'1x1' if stride_in_1x1 else '3x3'}: set MODEL.RESNETS.STRIDE_IN_1X1 {wanted}"
+                        f"{'1x1' if in_1x1 else '3x3'}: set MODEL.RESNETS.STRIDE_IN_1X1 {wanted}"
                     )
                 break
     input_format = getattr(model, "input_format", None)
-    wanted_format = {"torchvision-detection": "RGB", "torchvision-resnet": "RGB", "caffe2-resnet": "BGR"}.get(fmt)
+    wanted_format = _INPUT_FORMAT.get(fmt)
     if input_format is not None and wanted_format is not None and input_format != wanted_format:
         notes.append(
             f"{fmt} weights expect {wanted_format} images but the model takes {input_format} (INPUT.FORMAT); "
@@ -107,8 +116,14 @@ def convert_state_dict(
         if converted.body_relative:
             converted = _place(converted, _DEFAULT_BODY_PREFIX)
         report.unexpected.extend((k, k, shape) for k, shape in converted.unknown.items())
-        report.mapped.extend((converted.sources[n], n, _shape(t)) for n, t in converted.tensors.items())
-        return dict(converted.tensors), report
+        out = {}
+        for name, tensor in converted.tensors.items():
+            if name.endswith(".num_batches_tracked"):
+                report.dropped.append((converted.sources[name], _STEP_COUNTER))
+            else:
+                out[name] = tensor
+                report.mapped.append((converted.sources[name], name, _shape(tensor)))
+        return out, report
 
     model_state = model.state_dict()
     if converted.body_relative:
@@ -146,7 +161,7 @@ def convert_state_dict(
             if name in converted.synthesized:
                 continue
             if name.endswith(".num_batches_tracked"):
-                report.dropped.append((src, "BatchNorm step counter (the model's norms keep none)"))
+                report.dropped.append((src, _STEP_COUNTER))
             else:
                 report.unexpected.append((src, name, _shape(tensor)))
             continue
@@ -156,7 +171,7 @@ def convert_state_dict(
         out[name] = tensor
         report.mapped.append((src, name, _shape(tensor)))
     report.unexpected.extend((k, k, shape) for k, shape in converted.unknown.items())
-    provided = set(out) | reinit
+    provided = set(out) | reinit | {name for _, name, _, _ in report.shape_mismatch}
     report.missing.extend((k, _shape(v)) for k, v in model_state.items() if k not in provided)
     report.notes.extend(_setting_notes(converted.format, model))
     if not out:
@@ -166,7 +181,9 @@ def convert_state_dict(
     return out, report
 
 
-def load_converted_state_dict(path, model: nn.Module, *, format: str = "auto") -> Tuple[Dict[str, torch.Tensor], LoadReport]:
+def load_converted_state_dict(
+    path, model: nn.Module, *, format: str = "auto"
+) -> Tuple[Dict[str, torch.Tensor], LoadReport]:
     """Read the checkpoint at `path` safely, recognize its format by content and convert it for
     `model` (see `convert_state_dict`). Returns (model name -> tensor, LoadReport); load with
     ``model.load_state_dict(state_dict, strict=False)``."""

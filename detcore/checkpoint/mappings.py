@@ -66,7 +66,13 @@ class ConvertedCheckpoint:
 _C2_KEY = re.compile(r"^(conv1_w|res_conv1_(bn|gn)_[sb]|res\d_\d+_branch[12][abc]?_\w+)$")
 _D2_BODY = re.compile(r"(^|\.)(stem\.conv1\.norm\.|res\d\.\d+\.(conv\d\.norm|shortcut)\.)")
 _DETCORE_BODY = re.compile(r"(^|\.)(stem\.bn1\.|res\d\.\d+\.(bn\d|downsample)\.)")
-_TV_DETECTION_PREFIXES = ("backbone.body.", "backbone.fpn.", "rpn.head.", "roi_heads.box_head.fc6.", "roi_heads.mask_predictor.")
+_TV_DETECTION_PREFIXES = (
+    "backbone.body.",
+    "backbone.fpn.",
+    "rpn.head.",
+    "roi_heads.box_head.fc6.",
+    "roi_heads.mask_predictor.",
+)
 _DETCORE_PREFIXES = ("backbone.bottom_up.", "proposal_generator.", "roi_heads.")
 _RESNET_ANCHOR = "layer1.0.conv1.weight"
 
@@ -108,7 +114,7 @@ _TV_BLOCK = re.compile(r"^layer(\d)\.(\d+)\.((conv\d|bn\d|downsample\.[01])\.\w+
 def _torchvision_resnet_name(key: str) -> Tuple[Optional[str], Optional[str]]:
     """(body-relative detcore name, None) or (None, reason to drop) or (None, None) if unknown."""
     if key.startswith("fc."):
-        return None, "ImageNet classifier: a detection body has none"
+        return None, "classifier head (fc): a detection body has none"
     if key == "conv1.weight":
         return "stem.conv1.weight", None
     if key.startswith("bn1."):
@@ -141,29 +147,37 @@ def _convert_torchvision_resnet(state_dict, out: ConvertedCheckpoint) -> None:
 
 # --- torchvision detection ---------------------------------------------------------------------
 
+def _rule(pattern: str, rename: Callable[[re.Match], str]) -> Tuple[re.Pattern, Callable[[re.Match], str]]:
+    return re.compile(pattern), rename
+
+
 # (pattern, replacement) on full keys. The optional ".0" / ".0.0" accept both the published
 # checkpoints' module layout ("v1": inner_blocks.0.weight, rpn.head.conv.weight,
 # mask_head.mask_fcn1.weight) and the one of current torchvision modules (inner_blocks.0.0.weight,
 # rpn.head.conv.0.0.weight, mask_head.0.0.weight).
-_TV_DETECTION_RULES: List[Tuple[re.Pattern, Callable[[re.Match], str]]] = [
-    (re.compile(r"^backbone\.fpn\.inner_blocks\.(\d+)\.(?:0\.)?(weight|bias)$"),
-     lambda m: f"backbone.fpn_lateral{int(m[1]) + 2}.{m[2]}"),
-    (re.compile(r"^backbone\.fpn\.layer_blocks\.(\d+)\.(?:0\.)?(weight|bias)$"),
-     lambda m: f"backbone.fpn_output{int(m[1]) + 2}.{m[2]}"),
-    (re.compile(r"^rpn\.head\.conv\.(?:0\.0\.)?(weight|bias)$"), lambda m: f"proposal_generator.rpn_head.conv.{m[1]}"),
-    (re.compile(r"^rpn\.head\.cls_logits\.(weight|bias)$"),
-     lambda m: f"proposal_generator.rpn_head.objectness_logits.{m[1]}"),
-    (re.compile(r"^rpn\.head\.bbox_pred\.(weight|bias)$"), lambda m: f"proposal_generator.rpn_head.anchor_deltas.{m[1]}"),
-    (re.compile(r"^roi_heads\.box_head\.fc6\.(weight|bias)$"), lambda m: f"roi_heads.box_head.fc1.{m[1]}"),
-    (re.compile(r"^roi_heads\.box_head\.fc7\.(weight|bias)$"), lambda m: f"roi_heads.box_head.fc2.{m[1]}"),
-    (re.compile(r"^roi_heads\.box_predictor\.(cls_score|bbox_pred)\.(weight|bias)$"),
-     lambda m: f"roi_heads.box_predictor.{m[1]}.{m[2]}"),
-    (re.compile(r"^roi_heads\.mask_head\.mask_fcn(\d+)\.(weight|bias)$"), lambda m: f"roi_heads.mask_head.mask_fcn{m[1]}.{m[2]}"),
-    (re.compile(r"^roi_heads\.mask_head\.(\d+)\.0\.(weight|bias)$"),
-     lambda m: f"roi_heads.mask_head.mask_fcn{int(m[1]) + 1}.{m[2]}"),
-    (re.compile(r"^roi_heads\.mask_predictor\.conv5_mask\.(weight|bias)$"), lambda m: f"roi_heads.mask_head.deconv.{m[1]}"),
-    (re.compile(r"^roi_heads\.mask_predictor\.mask_fcn_logits\.(weight|bias)$"),
-     lambda m: f"roi_heads.mask_head.predictor.{m[1]}"),
+_TV_DETECTION_RULES = [
+    _rule(r"^backbone\.fpn\.inner_blocks\.(\d+)\.(?:0\.)?(weight|bias)$",
+          lambda m: f"backbone.fpn_lateral{int(m[1]) + 2}.{m[2]}"),
+    _rule(r"^backbone\.fpn\.layer_blocks\.(\d+)\.(?:0\.)?(weight|bias)$",
+          lambda m: f"backbone.fpn_output{int(m[1]) + 2}.{m[2]}"),
+    _rule(r"^rpn\.head\.conv\.(?:0\.0\.)?(weight|bias)$",
+          lambda m: f"proposal_generator.rpn_head.conv.{m[1]}"),
+    _rule(r"^rpn\.head\.cls_logits\.(weight|bias)$",
+          lambda m: f"proposal_generator.rpn_head.objectness_logits.{m[1]}"),
+    _rule(r"^rpn\.head\.bbox_pred\.(weight|bias)$",
+          lambda m: f"proposal_generator.rpn_head.anchor_deltas.{m[1]}"),
+    _rule(r"^roi_heads\.box_head\.fc(6|7)\.(weight|bias)$",
+          lambda m: f"roi_heads.box_head.fc{int(m[1]) - 5}.{m[2]}"),
+    _rule(r"^roi_heads\.box_predictor\.(cls_score|bbox_pred)\.(weight|bias)$",
+          lambda m: f"roi_heads.box_predictor.{m[1]}.{m[2]}"),
+    _rule(r"^roi_heads\.mask_head\.mask_fcn(\d+)\.(weight|bias)$",
+          lambda m: f"roi_heads.mask_head.mask_fcn{m[1]}.{m[2]}"),
+    _rule(r"^roi_heads\.mask_head\.(\d+)\.0\.(weight|bias)$",
+          lambda m: f"roi_heads.mask_head.mask_fcn{int(m[1]) + 1}.{m[2]}"),
+    _rule(r"^roi_heads\.mask_predictor\.conv5_mask\.(weight|bias)$",
+          lambda m: f"roi_heads.mask_head.deconv.{m[1]}"),
+    _rule(r"^roi_heads\.mask_predictor\.mask_fcn_logits\.(weight|bias)$",
+          lambda m: f"roi_heads.mask_head.predictor.{m[1]}"),
 ]  # fmt: skip
 
 _CLS_SCORE = "roi_heads.box_predictor.cls_score."
@@ -244,14 +258,16 @@ def _convert_detectron2(state_dict, out: ConvertedCheckpoint) -> None:
 
 # --- caffe2 (Detectron, MSRA ImageNet) ----------------------------------------------------------
 
+# Each rule gives (detcore module, caffe2 leaf letter, norm kind or None).
 _C2_RULES = [
-    (re.compile(r"^conv1_([wb])$"), lambda m: ("stem.conv1", m[1], None)),
-    (re.compile(r"^res_conv1_(bn|gn)_([sb])$"), lambda m: ("stem.bn1", m[2], m[1])),
-    (re.compile(r"^(res\d)_(\d+)_branch2([abc])_([wb])$"), lambda m: (f"{m[1]}.{m[2]}.conv{'abc'.index(m[3]) + 1}", m[4], None)),
-    (re.compile(r"^(res\d)_(\d+)_branch2([abc])_(bn|gn)_([sb])$"),
-     lambda m: (f"{m[1]}.{m[2]}.bn{'abc'.index(m[3]) + 1}", m[5], m[4])),
-    (re.compile(r"^(res\d)_(\d+)_branch1_([wb])$"), lambda m: (f"{m[1]}.{m[2]}.downsample.0", m[3], None)),
-    (re.compile(r"^(res\d)_(\d+)_branch1_(bn|gn)_([sb])$"), lambda m: (f"{m[1]}.{m[2]}.downsample.1", m[4], m[3])),
+    _rule(r"^conv1_([wb])$", lambda m: ("stem.conv1", m[1], None)),
+    _rule(r"^res_conv1_(bn|gn)_([sb])$", lambda m: ("stem.bn1", m[2], m[1])),
+    _rule(r"^(res\d)_(\d+)_branch2([abc])_([wb])$",
+          lambda m: (f"{m[1]}.{m[2]}.conv{'abc'.index(m[3]) + 1}", m[4], None)),
+    _rule(r"^(res\d)_(\d+)_branch2([abc])_(bn|gn)_([sb])$",
+          lambda m: (f"{m[1]}.{m[2]}.bn{'abc'.index(m[3]) + 1}", m[5], m[4])),
+    _rule(r"^(res\d)_(\d+)_branch1_([wb])$", lambda m: (f"{m[1]}.{m[2]}.downsample.0", m[3], None)),
+    _rule(r"^(res\d)_(\d+)_branch1_(bn|gn)_([sb])$", lambda m: (f"{m[1]}.{m[2]}.downsample.1", m[4], m[3])),
 ]  # fmt: skip
 _C2_LEAF = {"w": "weight", "b": "bias", "s": "weight"}
 # detcore's FrozenBatchNorm2d eps: running_var = 1 - eps makes its scale exactly the weight.

@@ -79,7 +79,8 @@ class LoadReport:
         out += [("MISSING",) + r for r in (_group(missing) if group else missing)]
         for ckpt, model, cshape, mshape in self.reinitialized:
             out.append(("RE-INITIALIZED", ckpt, model, f"{_fmt_shape(cshape)} vs model {_fmt_shape(mshape)}"))
-        out += [("dropped",) + r for r in (_group_dropped(self.dropped) if group else [(k, why, "") for k, why in self.dropped])]
+        dropped = _group_dropped(self.dropped) if group else [(k, why, "") for k, why in self.dropped]
+        out += [("dropped",) + r for r in dropped]
         mapped = [(ckpt, model, _fmt_shape(shape)) for ckpt, model, shape in self.mapped]
         out += [("mapped",) + r for r in (_group(mapped) if group else mapped)]
         return out

@@ -156,6 +156,8 @@ class SimpleTrainer(TrainerBase):
         self.device_type = _device_type(model)
         self.grad_scaler = None
         if self.amp_enabled and self.amp_dtype == torch.float16:
+            if self.device_type == "cpu":
+                logger.warning("SOLVER.AMP.DTYPE float16 on the CPU: few CPUs compute float16 fast; bfloat16 is the usual choice")
             self.grad_scaler = torch.amp.GradScaler(self.device_type)
 
     def run_step(self) -> None:

@@ -17,7 +17,8 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
     Returns:
         int64 Tensor of the kept boxes' indices, by decreasing score (ties: lower index first).
     """
-    ensure_loaded()
+    if not torch.jit.is_scripting():  # TorchScript cannot read the loader's state
+        ensure_loaded()
     return torch.ops.detcore.nms(boxes, scores, float(iou_threshold))
 
 
@@ -33,5 +34,6 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
     Returns:
         int64 Tensor of kept indices, by decreasing score.
     """
-    ensure_loaded()
+    if not torch.jit.is_scripting():  # TorchScript cannot read the loader's state
+        ensure_loaded()
     return torch.ops.detcore.batched_nms(boxes, scores, idxs, float(iou_threshold))

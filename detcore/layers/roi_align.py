@@ -1,32 +1,34 @@
-"""ROIAlign, drop-in for torchvision.ops.roi_align / RoIAlign (forward and backward)."""
-from typing import List, Sequence, Union
+"""ROIAlign, drop-in for torchvision.ops.roi_align / RoIAlign (forward and backward).
+
+Written so that TorchScript can compile it (torch.jit.script), like torchvision's.
+"""
+from typing import List, Union
 
 import torch
 from torch import Tensor, nn
+from torch.jit.annotations import BroadcastingList2
+from torch.nn.modules.utils import _pair
 
 from ._extension import ensure_loaded
 
 
-def _pair(size) -> tuple:
-    if isinstance(size, int):
-        return (size, size)
-    size = tuple(int(s) for s in size)
-    if len(size) != 2:
-        raise ValueError(f"roi_align: output_size must be an int or (height, width), got {size}")
-    return size
-
-
-def convert_boxes_to_roi_format(boxes: Sequence[Tensor]) -> Tensor:
-    """A list of per-image Tensor[L_i, 4] boxes → Tensor[K, 5] rows (batch_index, x1, y1, x2, y2)."""
+def _check_box_list(boxes) -> None:
+    """Eager-mode validation of a per-image box list, with errors that name the entry."""
+    if len(boxes) == 0:
+        raise ValueError("roi_align: boxes is an empty list; give one Tensor[L, 4] per image")
     for i, b in enumerate(boxes):
         if not isinstance(b, Tensor) or b.dim() != 2 or b.size(1) != 4:
             shape = tuple(b.shape) if isinstance(b, Tensor) else type(b).__name__
             raise ValueError(f"roi_align: boxes[{i}] must be a Tensor[L, 4], got {shape}")
-    if len(boxes) == 0:
-        raise ValueError("roi_align: boxes is an empty list; give one Tensor[L, 4] per image")
-    concat = torch.cat(list(boxes), dim=0)
+
+
+def convert_boxes_to_roi_format(boxes: List[Tensor]) -> Tensor:
+    """A list of per-image Tensor[L_i, 4] boxes → Tensor[K, 5] rows (batch_index, x1, y1, x2, y2)."""
+    if not torch.jit.is_scripting():
+        _check_box_list(boxes)
+    concat = torch.cat(boxes, dim=0)
     index = torch.cat(
-        [torch.full((len(b), 1), i, dtype=concat.dtype, device=concat.device) for i, b in enumerate(boxes)]
+        [torch.full((b.size(0), 1), float(i), dtype=concat.dtype, device=concat.device) for i, b in enumerate(boxes)]
     )
     return torch.cat([index, concat], dim=1)
 
@@ -34,7 +36,7 @@ def convert_boxes_to_roi_format(boxes: Sequence[Tensor]) -> Tensor:
 def roi_align(
     input: Tensor,
     boxes: Union[Tensor, List[Tensor]],
-    output_size,
+    output_size: BroadcastingList2[int],
     spatial_scale: float = 1.0,
     sampling_ratio: int = -1,
     aligned: bool = False,
@@ -53,23 +55,35 @@ def roi_align(
     Returns:
         Tensor[K, C, output_height, output_width].
     """
-    ensure_loaded()
-    rois = boxes if isinstance(boxes, Tensor) else convert_boxes_to_roi_format(boxes)
+    if not torch.jit.is_scripting():  # TorchScript cannot read the loader's state
+        ensure_loaded()
+    if isinstance(boxes, Tensor):
+        rois = boxes
+    else:
+        rois = convert_boxes_to_roi_format(boxes)
     if rois.dim() != 2 or rois.size(1) != 5:
         raise ValueError(
-            f"roi_align: boxes must be a Tensor[K, 5] (batch_index, x1, y1, x2, y2) or a list of "
-            f"Tensor[L, 4], got a tensor of shape {tuple(rois.shape)}"
+            "roi_align: boxes must be a Tensor[K, 5] (batch_index, x1, y1, x2, y2) or a list of "
+            "Tensor[L, 4], got a tensor of shape " + str(rois.shape)
         )
-    height, width = _pair(output_size)
+    size = _pair(output_size)
+    if len(size) != 2:
+        raise ValueError("roi_align: output_size must be an int or (height, width), got " + str(size))
     return torch.ops.detcore.roi_align(
-        input, rois, float(spatial_scale), height, width, int(sampling_ratio), bool(aligned)
+        input, rois, float(spatial_scale), size[0], size[1], int(sampling_ratio), bool(aligned)
     )
 
 
 class ROIAlign(nn.Module):
     """nn.Module form of `roi_align` with fixed arguments."""
 
-    def __init__(self, output_size, spatial_scale: float, sampling_ratio: int, aligned: bool = False):
+    def __init__(
+        self,
+        output_size: BroadcastingList2[int],
+        spatial_scale: float,
+        sampling_ratio: int,
+        aligned: bool = False,
+    ):
         super().__init__()
         self.output_size = _pair(output_size)
         self.spatial_scale = float(spatial_scale)

@@ -74,9 +74,11 @@ def _axis_weights(start, bin_size, pooled, grid, size):
     more than one pixel outside the map gets a zero row (it contributes nothing); one in
     [-1, 0] reads pixel 0; one past the last pixel centre reads the last pixel.
     """
-    weights = torch.zeros(pooled * grid, size, dtype=torch.float64)
+    rows = []
     for b in range(pooled):
         for i in range(grid):
+            row = [0.0] * size
+            rows.append(row)
             coord = start + b * bin_size + (i + 0.5) * bin_size / grid
             if coord < -1.0 or coord > size:
                 continue
@@ -88,9 +90,9 @@ def _axis_weights(start, bin_size, pooled, grid, size):
             else:
                 high = low + 1
             frac = coord - low
-            weights[b * grid + i, low] += 1.0 - frac
-            weights[b * grid + i, high] += frac
-    return weights
+            row[low] += 1.0 - frac
+            row[high] += frac
+    return torch.tensor(rows, dtype=torch.float64).reshape(pooled * grid, size)
 
 
 def roi_align_reference(

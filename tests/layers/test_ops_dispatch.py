@@ -182,3 +182,22 @@ def test_autocast_cpu_nms_runs_in_float32():
         got_batched = batched_nms(boxes16, scores16, idxs, 0.5)
     assert torch.equal(got, expected)
     assert torch.equal(got_batched, batched_nms(boxes16.float(), scores16.float(), idxs, 0.5))
+
+
+def test_python_wrappers_can_be_scripted_like_torchvisions():
+    """Drop-in parity: torch.jit.script works on the Python functions and the module, not only on torch.ops."""
+    from detcore.layers import ROIAlign
+
+    g = torch.Generator().manual_seed(3)
+    boxes = random_boxes(40, g)
+    scores = distinct_scores(40, g)
+    idxs = torch.randint(0, 3, (40,), generator=g)
+    assert torch.equal(torch.jit.script(nms)(boxes, scores, 0.5), nms(boxes, scores, 0.5))
+    assert torch.equal(torch.jit.script(batched_nms)(boxes, scores, idxs, 0.5), batched_nms(boxes, scores, idxs, 0.5))
+
+    features = torch.randn(2, 4, 16, 16, generator=g)
+    box_list = [torch.tensor([[1.0, 2.0, 9.0, 12.0]]), torch.tensor([[0.5, 0.5, 15.0, 7.0], [3.0, 3.0, 4.0, 4.0]])]
+    scripted = torch.jit.script(roi_align)
+    assert torch.equal(scripted(features, box_list, [3, 5], 1.0, 2, True), roi_align(features, box_list, (3, 5), 1.0, 2, True))
+    module = ROIAlign(7, 0.5, 0, aligned=False)
+    assert torch.equal(torch.jit.script(module)(features, box_list), module(features, box_list))

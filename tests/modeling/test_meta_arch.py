@@ -1,5 +1,6 @@
 """GeneralizedRCNN end to end: preprocessing, training losses, eval outputs in the original image
 size (boxes rescaled, masks pasted), input checks, and the Faster R-CNN (no mask) variant."""
+import copy
 from pathlib import Path
 
 import pytest
@@ -184,6 +185,11 @@ def _paste_reference(masks, boxes, height, width, threshold=0.5):
 
 
 def test_inference_rescales_boxes_and_pastes_masks_in_the_original_size(mask_model):
+    # Random init gives mask probabilities within 0.005 of 0.5; spread them so that the pasted
+    # masks have structure worth comparing.
+    mask_model = copy.deepcopy(mask_model)
+    with torch.no_grad():
+        mask_model.roi_heads.mask_head.predictor.weight.mul_(300)
     image = _image(64, 96, seed=5)
     inputs = [{"image": image, "height": 128, "width": 200}]  # as if the loader halved a 128x200 image
     raw = mask_model.inference(inputs, do_postprocess=False)[0]
@@ -213,6 +219,8 @@ def test_inference_rescales_boxes_and_pastes_masks_in_the_original_size(mask_mod
     # Only pixels whose probability sits on the threshold (float32 vs float64) may differ.
     assert differ <= max(5, 1e-4 * ref.numel()), differ
     assert inst.pred_masks.any()
+    probabilities = raw.pred_masks[keep]
+    assert (probabilities < 0.4).any() and (probabilities > 0.6).any()
 
 
 def test_inference_without_height_width_keeps_the_input_size(mask_model):

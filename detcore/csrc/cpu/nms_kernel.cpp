@@ -19,12 +19,12 @@
 #include <torch/library.h>
 
 #include "../checks.h"
+#include "parallel.h"
 
 namespace detcore {
 namespace {
 
 constexpr int64_t kBlock = 256;             // boxes resolved sequentially before a parallel pass
-constexpr int64_t kParallelWork = 1 << 21;  // IoU evaluations (~1 ms) below which threads do not pay off
 constexpr int64_t kPerClassMinBoxes = 4096; // batched_nms switches to per-class NMS above this
 
 // The largest T not above `threshold`: for any T value v, v > result <=> (double)v > threshold,
@@ -111,12 +111,11 @@ void greedy_nms(Candidates<T>& c, T threshold, uint8_t* keep, bool parallel) {
     auto suppress_rest = [&](int64_t lo, int64_t hi) {
       for (int64_t k : kept) suppress_by(c, k, lo, hi, threshold);
     };
-    const int64_t rest = remaining - block;
-    const int64_t work = rest * static_cast<int64_t>(kept.size());
-    if (parallel && work >= kParallelWork) {
-      const int64_t grain = std::max<int64_t>(1024, rest / (4 * at::get_num_threads()));
+    // Each later candidate costs one IoU per box kept in this block.
+    const int64_t grain = grain_for(static_cast<int64_t>(kept.size()));
+    if (parallel) {
       at::parallel_for(block, remaining, grain, suppress_rest);
-    } else if (rest > 0) {
+    } else if (block < remaining) {
       suppress_rest(block, remaining);
     }
     // Compact the survivors to the front: suppressed boxes are never visited again.
@@ -192,7 +191,8 @@ at::Tensor nms_sorted(
   }
   starts.push_back(n);
   const int64_t groups = static_cast<int64_t>(starts.size()) - 1;
-  at::parallel_for(0, groups, 1, [&](int64_t lo, int64_t hi) {
+  const int64_t per_group = n / groups;  // a class's greedy NMS costs about per_group^2 IoUs
+  at::parallel_for(0, groups, grain_for(per_group * per_group), [&](int64_t lo, int64_t hi) {
     Candidates<T> c;
     for (int64_t g = lo; g < hi; ++g) {
       gather(c, box_ptr, nullptr, rank_ptr + starts[g], starts[g + 1] - starts[g]);

@@ -19,6 +19,7 @@
 
 #include "../checks.h"
 #include "../roi_align_common.h"
+#include "parallel.h"
 
 namespace detcore {
 namespace {
@@ -88,7 +89,7 @@ void roi_align_forward_impl(
   const T* in = input.data_ptr<T>();
   const T* roi_ptr = rois.data_ptr<T>();
   T* out = output.data_ptr<T>();
-  at::parallel_for(0, rois.size(0), 1, [&](int64_t lo, int64_t hi) {
+  at::parallel_for(0, rois.size(0), grain_for(4 * bins * channels), [&](int64_t lo, int64_t hi) {
     RoiTaps<T> rt;
     for (int64_t r = lo; r < hi; ++r) {
       compute_taps(roi_ptr + 5 * r, p, rt);
@@ -128,10 +129,10 @@ void roi_align_backward_impl(
   std::vector<RoiTaps<T>> chunk(std::min(num_rois, kBackwardRoiChunk));
   for (int64_t first = 0; first < num_rois; first += kBackwardRoiChunk) {
     const int64_t count = std::min(kBackwardRoiChunk, num_rois - first);
-    at::parallel_for(0, count, 1, [&](int64_t lo, int64_t hi) {
+    at::parallel_for(0, count, grain_for(4 * bins), [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) compute_taps(roi_ptr + 5 * (first + i), p, chunk[i]);
     });
-    at::parallel_for(0, channels, 1, [&](int64_t c_lo, int64_t c_hi) {
+    at::parallel_for(0, channels, grain_for(4 * bins * count), [&](int64_t c_lo, int64_t c_hi) {
       for (int64_t c = c_lo; c < c_hi; ++c) {
         for (int64_t i = 0; i < count; ++i) {
           const RoiTaps<T>& rt = chunk[i];
@@ -166,7 +167,7 @@ template <typename T>
 void batched_transpose(const T* src, T* dst, int64_t batches, int64_t rows, int64_t cols) {
   constexpr int64_t kTile = 32;
   const int64_t row_tiles = (rows + kTile - 1) / kTile;
-  at::parallel_for(0, batches * row_tiles, 1, [&](int64_t lo, int64_t hi) {
+  at::parallel_for(0, batches * row_tiles, grain_for(kTile * cols), [&](int64_t lo, int64_t hi) {
     for (int64_t task = lo; task < hi; ++task) {
       const int64_t n = task / row_tiles;
       const int64_t i0 = (task % row_tiles) * kTile;
@@ -208,7 +209,7 @@ void roi_align_forward_channels_last(
   const T* in = input_cl.data_ptr<T>();  // memory order N, H, W, C
   const T* roi_ptr = rois.data_ptr<T>();
   T* out = output.data_ptr<T>();
-  at::parallel_for(0, rois.size(0), 1, [&](int64_t lo, int64_t hi) {
+  at::parallel_for(0, rois.size(0), grain_for(4 * bins * channels), [&](int64_t lo, int64_t hi) {
     RoiTaps<T> rt;
     std::vector<T> acc(bins * channels);  // [bin][channel] for this roi
     for (int64_t r = lo; r < hi; ++r) {
@@ -258,10 +259,10 @@ void roi_align_backward_channels_last(
   std::vector<RoiTaps<T>> chunk(std::min(num_rois, kBackwardRoiChunk));
   for (int64_t first = 0; first < num_rois; first += kBackwardRoiChunk) {
     const int64_t count = std::min(kBackwardRoiChunk, num_rois - first);
-    at::parallel_for(0, count, 1, [&](int64_t lo, int64_t hi) {
+    at::parallel_for(0, count, grain_for(4 * bins), [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) compute_taps(roi_ptr + 5 * (first + i), p, chunk[i]);
     });
-    at::parallel_for(0, blocks, 1, [&](int64_t blo, int64_t bhi) {
+    at::parallel_for(0, blocks, grain_for(4 * bins * count * width), [&](int64_t blo, int64_t bhi) {
       const int64_t c0 = blo * width;
       const int64_t c1 = std::min(channels, bhi * width);
       for (int64_t i = 0; i < count; ++i) {

@@ -146,7 +146,9 @@ class MaskRCNNConvUpsampleHead(nn.Sequential):
     ):
         super().__init__()
         if target_mode not in _TARGET_MODES:
-            raise ValueError(f"MaskRCNNConvUpsampleHead: target_mode must be one of {_TARGET_MODES}, got {target_mode!r}")
+            raise ValueError(
+                f"MaskRCNNConvUpsampleHead: target_mode must be one of {_TARGET_MODES}, got {target_mode!r}"
+            )
         self.target_mode = target_mode
         if len(conv_dims) < 1:
             raise ValueError("MaskRCNNConvUpsampleHead: conv_dims needs at least one entry (the deconv's channels)")

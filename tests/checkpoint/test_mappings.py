@@ -1,0 +1,205 @@
+"""Format detection and key renaming, checked against the published parameter names of
+detectron2's, torchvision's and caffe2's models (written out here, independently of the code)."""
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from detcore.checkpoint import convert_keys, detect_format, load_converted_state_dict
+from detcore.config import get_cfg
+from detcore.modeling import build_model
+
+from .zoo_names import (
+    caffe2_resnet50_shapes,
+    detectron2_mask_rcnn_r50_fpn_shapes,
+    torchvision_maskrcnn_v1_shapes,
+)
+
+REPO_CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[2] / "configs"
+
+
+def model_from(config, **overrides):
+    cfg = get_cfg()
+    cfg.merge_from_file(str(REPO_CONFIGS / config))
+    opts = ["MODEL.DEVICE", "cpu"]
+    for key, value in overrides.items():
+        opts += [key, value]
+    cfg.merge_from_list(opts)
+    return build_model(cfg)
+
+
+@pytest.fixture(scope="module")
+def d2_model():
+    return model_from("detectron2/mask_rcnn_R_50_FPN_1x.yaml")
+
+
+def numbered_arrays(shapes):
+    """Each tensor filled with its own index, so a misplaced one is visible."""
+    return {name: np.full(shape, i, dtype=np.float32) for i, (name, shape) in enumerate(shapes.items())}
+
+
+# --- detection of formats ----------------------------------------------------------------------
+def test_detect_format_by_content():
+    assert detect_format(detectron2_mask_rcnn_r50_fpn_shapes()) == "detectron2"
+    assert detect_format(torchvision_maskrcnn_v1_shapes()) == "torchvision-detection"
+    assert detect_format(caffe2_resnet50_shapes()) == "caffe2-resnet"
+    assert detect_format(["conv1.weight", "bn1.weight", "layer1.0.conv1.weight", "fc.weight"]) == "torchvision-resnet"
+    assert detect_format(["module.pre.conv1.weight", "module.pre.layer1.0.conv1.weight"]) == "torchvision-resnet"
+    assert detect_format(["backbone.bottom_up.stem.bn1.weight", "roi_heads.box_head.fc1.weight"]) == "detcore"
+    assert detect_format(["module.backbone.bottom_up.res2.0.downsample.0.weight"]) == "detcore"
+    # detectron2 backbone-only (their torchvision / MSRA conversions): stem.conv1.norm, no prefix.
+    assert detect_format(["stem.conv1.weight", "stem.conv1.norm.weight", "res2.0.shortcut.weight"]) == "detectron2"
+    with pytest.raises(ValueError, match="cannot tell the checkpoint format.*encoder.layer"):
+        detect_format(["encoder.layer.0.attention.weight", "pooler.dense.bias"])
+
+
+# --- detectron2 ---------------------------------------------------------------------------------
+def test_detectron2_model_zoo_pkl_maps_every_name(tmp_path, d2_model):
+    shapes = detectron2_mask_rcnn_r50_fpn_shapes()
+    arrays = numbered_arrays(shapes)
+    path = tmp_path / "model_final_f10217.pkl"
+    with open(path, "wb") as f:
+        pickle.dump({"model": arrays, "__author__": "Detectron2 Model Zoo"}, f)
+
+    state_dict, report = load_converted_state_dict(path, d2_model)
+    assert report.format == "detectron2"
+    assert report.complete, report.table()
+    assert len(report.mapped) == len(shapes) == len(d2_model.state_dict())
+    assert {src for src, _, _ in report.mapped} == set(shapes)  # every name used, none left over
+    model_state = d2_model.state_dict()
+    for src, dst, shape in report.mapped:
+        assert tuple(model_state[dst].shape) == shapes[src] == shape
+    # Spot checks that values land where they belong.
+    pairs = {
+        "backbone.bottom_up.stem.conv1.norm.running_var": "backbone.bottom_up.stem.bn1.running_var",
+        "backbone.bottom_up.res3.0.conv2.norm.bias": "backbone.bottom_up.res3.0.bn2.bias",
+        "backbone.bottom_up.res4.0.shortcut.weight": "backbone.bottom_up.res4.0.downsample.0.weight",
+        "backbone.bottom_up.res5.0.shortcut.norm.running_mean": "backbone.bottom_up.res5.0.downsample.1.running_mean",
+        "roi_heads.box_predictor.cls_score.weight": "roi_heads.box_predictor.cls_score.weight",
+        "roi_heads.mask_head.deconv.weight": "roi_heads.mask_head.deconv.weight",
+    }
+    for src, dst in pairs.items():
+        assert torch.equal(state_dict[dst], torch.from_numpy(arrays[src]))
+    d2_model.load_state_dict(state_dict, strict=True)
+
+
+def test_detectron2_pth_with_training_state(tmp_path, d2_model):
+    shapes = detectron2_mask_rcnn_r50_fpn_shapes()
+    tensors = {k: torch.zeros(s) for k, s in shapes.items()}
+    tensors["pixel_mean"] = torch.zeros(3, 1, 1)  # older detectron2 checkpoints saved these
+    tensors["proposal_generator.anchor_generator.cell_anchors.0"] = torch.zeros(3, 4)
+    path = tmp_path / "model_0004999.pth"
+    torch.save({"model": tensors, "iteration": 4999, "scheduler": {"last_epoch": 4999}}, path)
+    _, report = load_converted_state_dict(path, d2_model)
+    assert report.complete, report.table()
+    assert sorted(k for k, _ in report.dropped) == [
+        "pixel_mean",
+        "proposal_generator.anchor_generator.cell_anchors.0",
+    ]
+
+
+def test_detectron2_rules_leave_head_convs_with_norm_alone():
+    # GN heads keep their norm inside the conv in detcore too: only ResNet body names change.
+    out = convert_keys(
+        {
+            "backbone.bottom_up.stem.conv1.norm.weight": torch.zeros(1),
+            "backbone.fpn_lateral2.norm.weight": torch.zeros(1),
+            "roi_heads.box_head.conv1.norm.weight": torch.zeros(1),
+            "roi_heads.mask_head.mask_fcn1.norm.bias": torch.zeros(1),
+        },
+        "detectron2",
+    )
+    assert set(out.tensors) == {
+        "backbone.bottom_up.stem.bn1.weight",
+        "backbone.fpn_lateral2.norm.weight",
+        "roi_heads.box_head.conv1.norm.weight",
+        "roi_heads.mask_head.mask_fcn1.norm.bias",
+    }
+
+
+# --- torchvision --------------------------------------------------------------------------------
+def test_torchvision_v1_and_current_layouts_rename_alike():
+    v1 = torchvision_maskrcnn_v1_shapes()
+    current = {}
+    for name, shape in v1.items():  # torchvision >= 0.13 module layout of the same model
+        name = name.replace("rpn.head.conv.", "rpn.head.conv.0.0.")
+        for i in range(4):
+            name = name.replace(f"fpn.inner_blocks.{i}.", f"fpn.inner_blocks.{i}.0.")
+            name = name.replace(f"fpn.layer_blocks.{i}.", f"fpn.layer_blocks.{i}.0.")
+            name = name.replace(f"mask_head.mask_fcn{i + 1}.", f"mask_head.{i}.0.")
+        current[name] = shape
+    tensors = lambda shapes: {k: torch.zeros(s) for k, s in shapes.items()}  # noqa: E731
+    a, b = convert_keys(tensors(v1)), convert_keys(tensors(current))
+    assert a.format == b.format == "torchvision-detection"
+    assert not a.unknown and not b.unknown
+    assert set(a.tensors) == set(b.tensors)
+    assert "proposal_generator.rpn_head.conv.weight" in a.tensors
+    assert "backbone.fpn_lateral5.weight" in a.tensors and "backbone.fpn_output2.bias" in a.tensors
+    assert "roi_heads.mask_head.mask_fcn4.weight" in a.tensors
+    assert "roi_heads.box_head.fc2.weight" in a.tensors
+
+
+def test_torchvision_background_moves_last():
+    shapes = torchvision_maskrcnn_v1_shapes()
+    tensors = {k: torch.zeros(s) for k, s in shapes.items()}
+    rows = torch.arange(91, dtype=torch.float32)
+    tensors["roi_heads.box_predictor.cls_score.weight"] = rows[:, None].expand(91, 1024).clone()
+    tensors["roi_heads.box_predictor.cls_score.bias"] = rows.clone()
+    tensors["roi_heads.box_predictor.bbox_pred.weight"] = torch.arange(364.0)[:, None].expand(364, 1024).clone()
+    tensors["roi_heads.box_predictor.bbox_pred.bias"] = torch.arange(364.0)
+    tensors["roi_heads.mask_predictor.mask_fcn_logits.weight"] = rows.view(91, 1, 1, 1).expand(91, 256, 1, 1).clone()
+    tensors["roi_heads.mask_predictor.mask_fcn_logits.bias"] = rows.clone()
+    out = convert_keys(tensors).tensors
+    order = list(range(1, 91)) + [0]  # torchvision label k+1 becomes class k, background last
+    assert out["roi_heads.box_predictor.cls_score.bias"].tolist() == order
+    assert out["roi_heads.box_predictor.cls_score.weight"][:, 0].tolist() == order
+    assert out["roi_heads.box_predictor.bbox_pred.bias"].tolist() == list(range(4, 364))
+    assert out["roi_heads.box_predictor.bbox_pred.weight"][:, 7].tolist() == list(range(4, 364))
+    assert out["roi_heads.mask_head.predictor.bias"].tolist() == list(range(1, 91))
+    assert out["roi_heads.mask_head.predictor.weight"][:, 3, 0, 0].tolist() == list(range(1, 91))
+
+
+def test_torchvision_checkpoint_fills_the_torchvision_preset():
+    model = model_from("torchvision/mask_rcnn_R_50_FPN.yaml")
+    shapes = torchvision_maskrcnn_v1_shapes()
+    state = {k: torch.zeros(s) for k, s in shapes.items()}
+    from detcore.checkpoint import convert_state_dict
+
+    converted, report = convert_state_dict(state, model)
+    assert report.complete, report.table()
+    assert len(converted) == len(model.state_dict()) == len(shapes)
+    assert not report.notes[1:], report.notes  # only the class-order note: settings fit
+
+
+# --- caffe2 / MSRA ImageNet ---------------------------------------------------------------------
+def test_caffe2_msra_resnet50_initializes_the_body(tmp_path, d2_model):
+    shapes = caffe2_resnet50_shapes()
+    rng = np.random.default_rng(0)
+    blobs = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    blobs["res2_0_branch2a_w_momentum"] = np.zeros(shapes["res2_0_branch2a_w"], np.float32)
+    path = tmp_path / "R-50.pkl"
+    path.write_bytes(pickle.dumps({"blobs": blobs}, protocol=2))
+
+    state_dict, report = load_converted_state_dict(path, d2_model)
+    assert report.format == "caffe2-resnet"
+    assert not report.unexpected and not report.shape_mismatch, report.table()
+    body = {k for k in d2_model.state_dict() if k.startswith("backbone.bottom_up.")}
+    assert set(state_dict) == body  # weights, biases, and synthesized statistics
+    assert {k for k, _ in report.missing} == set(d2_model.state_dict()) - body
+    assert sorted(k for k, _ in report.dropped) == ["fc1000_b", "fc1000_w", "res2_0_branch2a_w_momentum"]
+    assert any("affine only" in n for n in report.notes)
+
+    # caffe2's AffineChannel: y = x * s + b, which the loaded FrozenBN must compute exactly.
+    d2_model.load_state_dict(state_dict, strict=False)
+    bn = d2_model.backbone.bottom_up.res3[0].bn2
+    x = torch.randn(2, bn.num_features, 3, 3)
+    s = torch.from_numpy(blobs["res3_0_branch2b_bn_s"]).view(1, -1, 1, 1)
+    b = torch.from_numpy(blobs["res3_0_branch2b_bn_b"]).view(1, -1, 1, 1)
+    torch.testing.assert_close(bn(x), x * s + b)
+    torch.testing.assert_close(
+        state_dict["backbone.bottom_up.res4.2.conv3.weight"], torch.from_numpy(blobs["res4_2_branch2c_w"])
+    )
+    torch.testing.assert_close(
+        state_dict["backbone.bottom_up.res5.0.downsample.0.weight"], torch.from_numpy(blobs["res5_0_branch1_w"])
+    )

