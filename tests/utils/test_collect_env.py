@@ -1,0 +1,31 @@
+import subprocess
+import sys
+
+import torch
+
+from detcore.utils.collect_env import collect_env_info, _format_archs
+
+
+def test_report_names_the_extension_and_its_kernels():
+    report = collect_env_info()
+    assert f"torch               {torch.__version__}".split()[1] in report
+    lines = {line.split("  ")[0].strip(): line for line in report.splitlines()}
+    assert "detcore._C" in lines and "loaded" in lines["detcore._C"]
+    kernels = lines["detcore._C kernels"]
+    if torch.ops.detcore._cuda_version() > 0:
+        assert kernels.endswith("CPU, CUDA") and "detcore._C CUDA archs" in lines
+    else:
+        assert kernels.endswith("CPU only")
+
+
+def test_runs_as_a_module():
+    out = subprocess.run(
+        [sys.executable, "-m", "detcore.utils.collect_env"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "detcore._C" in out.stdout and "torch" in out.stdout
+
+
+def test_arch_list_formatting():
+    assert _format_archs("800,900") == "sm_80, sm_90"
+    assert _format_archs("") == "none"
