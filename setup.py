@@ -109,7 +109,7 @@ setup(
     packages=find_packages(exclude=("tests", "tests.*", "tools", "configs")),
     python_requires=">=3.9",
     install_requires=["torch", "yacs", "numpy", "pycocotools", "opencv-python-headless"],
-    extras_require={"test": ["pytest", "hypothesis", "torchvision"]},
+    extras_require={"test": ["pytest", "hypothesis", "torchvision", "imgviz"]},
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
     zip_safe=False,

@@ -10,6 +10,6 @@ PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c "import torch" 2>/dev/null; then
   "$PYTHON" -m pip install torch torchvision
 fi
-"$PYTHON" -m pip install "setuptools>=64" wheel yacs numpy pycocotools opencv-python-headless ninja pytest hypothesis
+"$PYTHON" -m pip install "setuptools>=64" wheel yacs numpy pycocotools opencv-python-headless ninja pytest hypothesis imgviz
 "$PYTHON" -m pip install --no-build-isolation --use-pep517 -e .
 "$PYTHON" -m detcore.utils.collect_env

@@ -8,10 +8,12 @@ Both models get the same image(s), the same thread count and random weights (no 
   head + per-class NMS + mask head), post-processing (rescale boxes, paste masks into the image);
 * a training step on 2 images (forward, backward, SGD step) with 3 trainable backbone stages on
   both (detcore: FREEZE_AT 2; torchvision: trainable_layers=3) and FrozenBN on both;
-* peak memory: each (framework, phase) runs in its own subprocess. On the CPU it is the peak
-  resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``), reported both as the
-  process peak and as the growth over the RSS right after building the model (Python, torch and
-  the weights excluded); on CUDA ``torch.cuda.max_memory_allocated``.
+* times come from one subprocess holding both models and alternating them run by run, so a
+  change of load on a shared machine affects both alike; median of the repeats after warmup;
+* peak memory: each (framework, phase) runs once more in its own subprocess. On the CPU it is the
+  peak resident set size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``), reported both as the
+  process peak and as the growth over the RSS right after building the model and its inputs
+  (Python, torch and the weights excluded); on CUDA ``torch.cuda.max_memory_allocated``.
 
 Random weights detect differently in the two models, so the work is fixed instead: score
 threshold 0, the same number of proposals (1000 per image) and of detections per image (100), so
@@ -24,7 +26,7 @@ from its parts: ``resnet_fpn_backbone("resnet50", norm_layer=FrozenBatchNorm2d,
 trainable_layers=3)`` + ``MaskRCNN`` -- exactly what the builder does for a pretrained backbone.
 
     python tools/benchmark_model.py                 # CPU, 800x1333 (several minutes on 2 cores)
-    python tools/benchmark_model.py --quick         # smoke run: small image, 1 repeat (~20 s idle)
+    python tools/benchmark_model.py --quick         # smoke run of the tool: tiny image, 1 repeat
     python tools/benchmark_model.py --device cuda --repeats 20
 
 Results are printed as a table (ratio = torchvision time / detcore time: above 1, detcore is
@@ -257,100 +259,127 @@ def peak_memory_mb(device):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
 
 
-def run_inference(runner, args):
+def inference_once(runner, inputs):
+    """One inference, stage by stage: ({stage: ms}, (proposals, detections) of the first image)."""
     device = runner.device
-    image = make_image(args.height, args.width, seed=0)
-    inputs = runner.inference_inputs(image)
-    times = {s: [] for s in STAGES}
-    totals, counts = [], None
+    state, stages = runner.stages(inputs)
+    times = {}
     with torch.no_grad():
-        for it in range(args.warmup + args.repeats):
-            state, stages = runner.stages(inputs)
-            total = 0.0
-            for name, fn in stages.items():
-                synchronize(device)
-                start = time.perf_counter()
-                fn()
-                synchronize(device)
-                elapsed = (time.perf_counter() - start) * 1000
-                total += elapsed
-                if it >= args.warmup:
-                    times[name].append(elapsed)
+        for name, fn in stages.items():
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            times[name] = (time.perf_counter() - start) * 1000
+    return times, runner.counts(state)
+
+
+def train_once(runner, inputs, optimizer):
+    """One training step: (forward ms, backward + SGD step ms)."""
+    device = runner.device
+    synchronize(device)
+    t0 = time.perf_counter()
+    loss = runner.train_forward(inputs)
+    synchronize(device)
+    t1 = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    synchronize(device)
+    t2 = time.perf_counter()
+    if not torch.isfinite(loss):
+        raise RuntimeError(f"{runner.name}: the training loss is not finite ({loss.item()})")
+    return (t1 - t0) * 1000, (t2 - t1) * 1000
+
+
+class Workload:
+    """A runner with its inference input, training batch and optimizer."""
+
+    def __init__(self, runner, args):
+        h, w = args.height, args.width
+        self.runner = runner
+        self.infer_inputs = runner.inference_inputs(make_image(h, w, seed=0))
+        images = [make_image(h, w, seed=1), make_image(h, w, seed=2)]
+        targets = [make_targets(h, w, runner.num_classes, seed=s) for s in (1, 2)]
+        self.train_inputs = runner.train_inputs(images, targets)
+        self.params = [p for p in runner.model.parameters() if p.requires_grad]
+        # lr 0: the weights stay as they are, so every repeat does the same work (the update is still computed).
+        self.optimizer = torch.optim.SGD(self.params, lr=0.0, momentum=0.9, weight_decay=1e-4)
+
+    def infer(self):
+        self.runner.model.eval()
+        return inference_once(self.runner, self.infer_inputs)
+
+    def train(self):
+        self.runner.model.train()
+        return train_once(self.runner, self.train_inputs, self.optimizer)
+
+
+def time_worker(args):
+    """Times every framework in one process, alternating them run by run, so that a change of
+    load on a shared machine hits all of them alike."""
+    loads = {w.runner.name: w for w in (Workload(RUNNERS[name](args, train=False), args) for name in args.frameworks)}
+    infer = {name: {s: [] for s in STAGES + ("total",)} for name in loads}
+    counts = {}
+    for it in range(args.warmup + args.repeats):
+        for name, load in loads.items():
+            times, counts[name] = load.infer()
             if it >= args.warmup:
-                totals.append(total)
-            counts = runner.counts(state)
-            del state
-    result = {f"{s}_ms": statistics.median(v) for s, v in times.items()}
-    result["total_ms"] = statistics.median(totals)
-    result["proposals_per_image"], result["detections_per_image"] = counts
+                for stage, ms in times.items():
+                    infer[name][stage].append(ms)
+                infer[name]["total"].append(sum(times.values()))
+    train = {name: {"forward": [], "backward_step": [], "total": []} for name in loads}
+    for it in range(args.warmup + args.train_repeats):
+        for name, load in loads.items():
+            fwd, bwd = load.train()
+            if it >= args.warmup:
+                train[name]["forward"].append(fwd)
+                train[name]["backward_step"].append(bwd)
+                train[name]["total"].append(fwd + bwd)
+    result = {}
+    for name, load in loads.items():
+        i = {f"{k}_ms": statistics.median(v) for k, v in infer[name].items()}
+        i["proposals_per_image"], i["detections_per_image"] = counts[name]
+        t = {f"{k}_ms": statistics.median(v) for k, v in train[name].items()}
+        t["trainable_params"] = sum(p.numel() for p in load.params)
+        result[name] = {"infer": i, "train": t}
     return result
 
 
-def run_train(runner, args):
-    device = runner.device
-    h, w = args.height, args.width
-    images = [make_image(h, w, seed=1), make_image(h, w, seed=2)]
-    targets = [make_targets(h, w, runner.num_classes, seed=s) for s in (1, 2)]
-    inputs = runner.train_inputs(images, targets)
-    params = [p for p in runner.model.parameters() if p.requires_grad]
-    # lr 0: the weights stay as they are, so every repeat does the same work (the update is still computed).
-    optimizer = torch.optim.SGD(params, lr=0.0, momentum=0.9, weight_decay=1e-4)
-    forward, backward, totals = [], [], []
-    for it in range(args.warmup + args.repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        loss = runner.train_forward(inputs)
-        synchronize(device)
-        t1 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        synchronize(device)
-        t2 = time.perf_counter()
-        if not torch.isfinite(loss):
-            raise RuntimeError(f"{runner.name}: the training loss is not finite ({loss.item()})")
-        if it >= args.warmup:
-            forward.append((t1 - t0) * 1000)
-            backward.append((t2 - t1) * 1000)
-            totals.append((t2 - t0) * 1000)
-    return {
-        "forward_ms": statistics.median(forward),
-        "backward_step_ms": statistics.median(backward),
-        "total_ms": statistics.median(totals),
-        "trainable_params": sum(p.numel() for p in params),
-    }
+def memory_worker(args):
+    """Peak memory of one framework in one phase (one run, the high-water mark is what counts)."""
+    device = torch.device(args.device)
+    runner = RUNNERS[args.frameworks[0]](args, train=args.phase == "train")
+    load = Workload(runner, args)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    base = peak_memory_mb(device)
+    load.train() if args.phase == "train" else load.infer()
+    peak = peak_memory_mb(device)
+    return {"peak_memory_mb": peak, "memory_growth_mb": peak - base}
 
 
 def worker(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    device = torch.device(args.device)
-    train = args.phase == "train"
-    runner = RUNNERS[args.worker](args, train)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    base_mb = peak_memory_mb(device)
-    result = run_train(runner, args) if train else run_inference(runner, args)
-    peak = peak_memory_mb(device)
-    result["peak_memory_mb"] = peak
-    result["memory_growth_mb"] = peak - base_mb
+    result = time_worker(args) if args.phase == "time" else memory_worker(args)
     print("RESULT " + json.dumps(result))
 
 
 # --- driver -------------------------------------------------------------------------------------------
-def run_worker(args, framework, phase):
+def run_worker(args, frameworks, phase):
     cmd = [
-        sys.executable, os.path.abspath(__file__), "--worker", framework, "--phase", phase,
-        "--device", args.device, "--threads", str(args.threads), "--config", args.config,
-        "--height", str(args.height), "--width", str(args.width),
-        "--repeats", str(args.repeats if phase == "infer" else args.train_repeats),
-        "--warmup", str(args.warmup), "--detections", str(args.detections), "--proposals", str(args.proposals),
+        sys.executable, os.path.abspath(__file__), "--worker", "--frameworks", ",".join(frameworks),
+        "--phase", phase, "--device", args.device, "--threads", str(args.threads), "--config", args.config,
+        "--height", str(args.height), "--width", str(args.width), "--repeats", str(args.repeats),
+        "--train-repeats", str(args.train_repeats), "--warmup", str(args.warmup),
+        "--detections", str(args.detections), "--proposals", str(args.proposals),
     ]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stderr[-4000:])
-        raise RuntimeError(f"the {framework} {phase} worker failed (exit code {proc.returncode})")
+        raise RuntimeError(f"the {'/'.join(frameworks)} {phase} worker failed (exit code {proc.returncode})")
     return json.loads(lines[-1][len("RESULT "):])
 
 
@@ -424,13 +453,15 @@ def main():
     parser.add_argument("--proposals", type=int, default=1000, help="RPN proposals per image at test time")
     parser.add_argument(
         "--quick", action="store_true",
-        help="smoke run: 192x288 image, 200 proposals, 20 detections, 1 repeat, no warmup",
+        help="smoke run (checks the tool, its ratios mean little): 128x192 image, 100 proposals, 10 detections, 1 repeat",
     )
     parser.add_argument("--output", default=None, help="JSON path (default benchmark_results/model_<device>.json)")
-    parser.add_argument("--worker", choices=tuple(RUNNERS), help=argparse.SUPPRESS)
-    parser.add_argument("--phase", choices=("infer", "train"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--frameworks", default="detcore,torchvision", help=argparse.SUPPRESS)
+    parser.add_argument("--phase", choices=("time", "infer", "train"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.config = os.path.abspath(args.config)
+    args.frameworks = args.frameworks.split(",")
 
     if args.worker:
         return worker(args)
@@ -438,10 +469,9 @@ def main():
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     if args.quick:
-        args.height, args.width = 192, 288
-        args.proposals, args.detections = 200, 20
-        args.repeats = args.train_repeats = 1
-        args.warmup = 0
+        args.height, args.width = 128, 192
+        args.proposals, args.detections = 100, 10
+        args.repeats = args.train_repeats = args.warmup = 1
 
     try:
         import torchvision  # noqa: F401
@@ -451,12 +481,14 @@ def main():
         print("torchvision is not importable: timing detcore alone")
         frameworks = ("detcore",)
 
-    results = {}
+    load_before = os.getloadavg()
+    print(f"timing {' and '.join(frameworks)}, alternating run by run ...", flush=True)
+    results = run_worker(args, frameworks, "time")
     for framework in frameworks:
-        results[framework] = {}
         for phase in ("infer", "train"):
-            print(f"running {framework} {phase} ...", flush=True)
-            results[framework][phase] = run_worker(args, framework, phase)
+            print(f"peak memory of {framework} {phase} ...", flush=True)
+            results[framework][phase].update(run_worker(args, [framework], phase))
+    load_after = os.getloadavg()
     print_table(results, args)
 
     import detcore
@@ -472,6 +504,7 @@ def main():
         "config": os.path.relpath(args.config, ROOT),
         "detections_per_image": args.detections,
         "proposals_per_image": args.proposals,
+        "load_average_1min": {"before": load_before[0], "after": load_after[0]},
         "memory": "CUDA max_memory_allocated" if args.device == "cuda" else "peak RSS (ru_maxrss) of a subprocess per framework and phase",
         "quick": args.quick,
         "versions": {

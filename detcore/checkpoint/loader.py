@@ -92,6 +92,12 @@ def _setting_notes(fmt: str, model: nn.Module) -> list:
     return notes
 
 
+def _names_the_model(state_dict, model_state) -> bool:
+    """Whether most of the checkpoint's keys (less a DDP "module." prefix) are the model's own."""
+    keys = [k[len("module."):] if k.startswith("module.") else k for k in state_dict]
+    return bool(keys) and 2 * sum(k in model_state for k in keys) >= len(keys)
+
+
 def convert_state_dict(
     state_dict: Dict[str, torch.Tensor],
     model: Optional[nn.Module] = None,
@@ -108,6 +114,9 @@ def convert_state_dict(
     Returns:
         (detcore name -> tensor, LoadReport). Load with ``model.load_state_dict(sd, strict=False)``.
     """
+    model_state = model.state_dict() if model is not None else None
+    if format == "auto" and model_state is not None and _names_the_model(state_dict, model_state):
+        format = "detcore"  # any model's own checkpoint, not only the R-CNNs detect_format knows
     converted = convert_keys(state_dict, format)
     report = LoadReport(source=source, format=converted.format, notes=list(converted.notes))
     report.dropped.extend(converted.dropped)
@@ -125,7 +134,6 @@ def convert_state_dict(
                 report.mapped.append((converted.sources[name], name, _shape(tensor)))
         return out, report
 
-    model_state = model.state_dict()
     if converted.body_relative:
         prefix = _body_prefix(model_state)
         if prefix is None:

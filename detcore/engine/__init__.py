@@ -6,7 +6,6 @@ from .checkpoint import (
     atomic_torch_save,
     load_checkpoint_file,
     load_model_weights,
-    register_weights_converter,
 )
 from .defaults import (
     LOSS_CURVE_FILE,
@@ -63,6 +62,5 @@ __all__ = [
     "launch",
     "load_checkpoint_file",
     "load_model_weights",
-    "register_weights_converter",
     "seed_all_rng",
 ]

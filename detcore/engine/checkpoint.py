@@ -11,21 +11,20 @@ are unpickled, so a checkpoint cannot run code. That is why RNG states are store
 tuples (``detcore.utils.comm.rng_states``) and no config object is pickled.
 
 ``load_model_weights(model, path)`` is the one entry point for initializing a model from a file
-(MODEL.WEIGHTS, the predictor, test_net). Conversions of other frameworks' key names plug in
-with ``register_weights_converter``.
+(MODEL.WEIGHTS, the predictor, test_net); it reads and converts through detcore.checkpoint, so
+torchvision and detectron2 checkpoints work too.
 """
 import glob
 import logging
 import os
 import pickle
 import tempfile
-from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional
 
 import torch
 from torch import nn
 
+from detcore.checkpoint import LoadReport, convert_state_dict, load_converted_state_dict
 from detcore.utils import comm
 
 __all__ = [
@@ -34,7 +33,6 @@ __all__ = [
     "atomic_torch_save",
     "load_checkpoint_file",
     "load_model_weights",
-    "register_weights_converter",
     "LAST_CHECKPOINT_FILE",
 ]
 
@@ -42,11 +40,6 @@ logger = logging.getLogger(__name__)
 
 LAST_CHECKPOINT_FILE = "last_checkpoint"
 
-StateDict = Dict[str, torch.Tensor]
-# (state dict read from a file, the model's own state dict) -> converted state dict, or None
-# when the converter does not recognize the file's layout.
-WeightsConverter = Callable[[StateDict, StateDict], Optional[StateDict]]
-_CONVERTERS: List[WeightsConverter] = []
 
 
 # --- atomic writes --------------------------------------------------------------------------------
@@ -112,125 +105,23 @@ def load_checkpoint_file(path: str) -> Any:
         ) from e
 
 
-def register_weights_converter(func: WeightsConverter) -> WeightsConverter:
-    """Register ``func(file_state, model_state) -> converted state or None``; usable as a
-    decorator. Converters are tried in registration order; the first that returns a dict wins."""
-    _CONVERTERS.append(func)
-    return func
-
-
-def _extract_state_dict(data: Any, path: str) -> StateDict:
-    """The model weights inside a loaded file: a trainer checkpoint's "model", a "state_dict"
-    entry, or the file itself when it is a flat dict of tensors."""
-    if isinstance(data, dict):
-        for key in ("model", "state_dict"):
-            if isinstance(data.get(key), dict):
-                data = data[key]
-                break
-    if not isinstance(data, dict) or not data:
-        raise ValueError(f"{path!r} holds no model weights (expected a dict of tensors, got {type(data).__name__})")
-    tensors = {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
-    if not tensors:
-        raise ValueError(f"{path!r}: the weights dict holds no tensors (keys: {list(data)[:10]})")
-    if len(tensors) != len(data):
-        ignored = sorted(k for k in data if k not in tensors)
-        logger.warning("%s: ignoring %d non-tensor entries: %s", path, len(ignored), ignored[:10])
-    # Weights saved from a DistributedDataParallel wrapper carry its "module." prefix.
-    if all(k.startswith("module.") for k in tensors):
-        tensors = {k[len("module."):]: v for k, v in tensors.items()}
-    return tensors
-
-
-# --- loading into a model -------------------------------------------------------------------------
-@dataclass
-class LoadReport:
-    """What ``load_model_weights`` did with each key."""
-
-    source: str
-    loaded: List[str] = field(default_factory=list)
-    missing: List[str] = field(default_factory=list)  # in the model, not in the file
-    unexpected: List[str] = field(default_factory=list)  # in the file, not in the model
-    mismatched: List[Tuple[str, Tuple[int, ...], Tuple[int, ...]]] = field(default_factory=list)  # key, file, model
-
-    @property
-    def complete(self) -> bool:
-        return not (self.missing or self.unexpected or self.mismatched)
-
-    def table(self) -> str:
-        """A readable summary; keys of one module are grouped on one line."""
-        total = len(self.loaded) + len(self.missing) + len(self.mismatched)
-        lines = [f"Loaded {len(self.loaded)} of {total} model tensors from {self.source}."]
-        if self.mismatched:
-            lines.append("Shape mismatch (skipped: these keep the model's initialization):")
-            width = max(len(k) for k, _, _ in self.mismatched)
-            lines.append(f"  {'key'.ljust(width)}  {'in file':>18}  {'in model':>18}")
-            for key, file_shape, model_shape in self.mismatched:
-                lines.append(f"  {key.ljust(width)}  {str(tuple(file_shape)):>18}  {str(tuple(model_shape)):>18}")
-        if self.missing:
-            lines.append("Missing in the file (these keep the model's initialization):")
-            lines += [f"  {g}" for g in _group_keys(self.missing)]
-        if self.unexpected:
-            lines.append("Not used by the model (ignored):")
-            lines += [f"  {g}" for g in _group_keys(self.unexpected)]
-        return "\n".join(lines)
-
-
-def _group_keys(keys: List[str]) -> List[str]:
-    """["a.b.weight", "a.b.bias", "c"] -> ["a.b.{bias, weight}", "c"]."""
-    groups: Dict[str, List[str]] = defaultdict(list)
-    for key in sorted(keys):
-        prefix, _, leaf = key.rpartition(".")
-        groups[prefix].append(leaf)
-    out = []
-    for prefix, leaves in groups.items():
-        if not prefix:
-            out += leaves
-        elif len(leaves) == 1:
-            out.append(f"{prefix}.{leaves[0]}")
-        else:
-            out.append(f"{prefix}.{{{', '.join(leaves)}}}")
-    return out
-
-
-def _match(model_state: StateDict, file_state: StateDict, source: str) -> Tuple[StateDict, LoadReport]:
-    report = LoadReport(source=source)
-    usable = {}
-    for key, value in file_state.items():
-        if key not in model_state:
-            report.unexpected.append(key)
-        elif tuple(value.shape) != tuple(model_state[key].shape):
-            report.mismatched.append((key, tuple(value.shape), tuple(model_state[key].shape)))
-        else:
-            usable[key] = value
-            report.loaded.append(key)
-    report.missing = [k for k in model_state if k not in file_state]
-    return usable, report
-
-
 def load_model_weights(model: nn.Module, path: str, *, strict: bool = False) -> LoadReport:
     """Initialize ``model`` (or a DDP wrapper's module) from the weights in ``path``.
 
-    Tensors whose name and shape match are copied; shape mismatches are skipped with a warning;
-    missing and unexpected keys are listed. The summary table is logged (a warning when anything
+    Any checkpoint format detcore.checkpoint recognizes works (detcore, torchvision, detectron2,
+    ImageNet ResNets): tensors are renamed for the model, and those whose name and shape fit are
+    copied; the rest are listed in the report, whose table is logged (a warning when anything
     did not load). ``strict=True`` raises ``ValueError`` instead of loading partially.
     """
     model = _unwrap(model)
-    model_state = model.state_dict()
-    file_state = _extract_state_dict(load_checkpoint_file(path), path)
-    for convert in _CONVERTERS:
-        converted = convert(file_state, model_state)
-        if converted is not None:
-            logger.info("%s: key names converted by %s", path, getattr(convert, "__name__", convert))
-            file_state = converted
-            break
-    usable, report = _match(model_state, file_state, path)
+    usable, report = load_converted_state_dict(path, model)
     if strict and not report.complete:
         raise ValueError(f"The weights in {path!r} do not match the model:\n{report.table()}")
     model.load_state_dict(usable, strict=False)
     if report.complete:
-        logger.info("Loaded all %d model tensors from %s", len(report.loaded), path)
+        logger.info("Loaded all %d model tensors from %s (%s format)", len(report.mapped), path, report.format)
     else:
-        logger.warning(report.table())
+        logger.warning("%s\n%s", report.summary(), report.table())
     return report
 
 
@@ -325,7 +216,7 @@ class Checkpointer:
         data = load_checkpoint_file(path)
         if not isinstance(data, dict) or "model" not in data:
             raise ValueError(f"{path!r} is not a training checkpoint (no 'model' entry); use MODEL.WEIGHTS for weights")
-        usable, report = _match(self.model.state_dict(), _extract_state_dict({"model": data.pop("model")}, path), path)
+        usable, report = convert_state_dict(data.pop("model"), self.model, format="detcore", source=path)
         if not report.complete:
             raise ValueError(f"Cannot resume from {path!r}: it does not match the model.\n{report.table()}")
         self.model.load_state_dict(usable)
