@@ -115,23 +115,33 @@ void roi_align_forward_impl(
 // keeping the number of parallel regions small.
 constexpr int64_t kBackwardRoiChunk = 256;
 
-template <typename T>
-void roi_align_backward_impl(
-    const at::Tensor& grad, const at::Tensor& rois, const RoiAlignParams& p,
-    at::Tensor& grad_input) {
+// Calls scatter(first, count, taps) for successive chunks of at most kBackwardRoiChunk rois,
+// taps[i] holding the (parallel-computed) taps of roi first + i.
+template <typename T, typename Scatter>
+void for_each_roi_chunk(const at::Tensor& rois, const RoiAlignParams& p, const Scatter& scatter) {
   const int64_t num_rois = rois.size(0);
-  const int64_t channels = grad_input.size(1);
-  const int64_t plane = p.height * p.width;
   const int64_t bins = p.pooled_height * p.pooled_width;
-  const T* g = grad.data_ptr<T>();
   const T* roi_ptr = rois.data_ptr<T>();
-  T* gin = grad_input.data_ptr<T>();
   std::vector<RoiTaps<T>> chunk(std::min(num_rois, kBackwardRoiChunk));
   for (int64_t first = 0; first < num_rois; first += kBackwardRoiChunk) {
     const int64_t count = std::min(kBackwardRoiChunk, num_rois - first);
     at::parallel_for(0, count, grain_for(4 * bins), [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) compute_taps(roi_ptr + 5 * (first + i), p, chunk[i]);
     });
+    scatter(first, count, chunk);
+  }
+}
+
+template <typename T>
+void roi_align_backward_impl(
+    const at::Tensor& grad, const at::Tensor& rois, const RoiAlignParams& p,
+    at::Tensor& grad_input) {
+  const int64_t channels = grad_input.size(1);
+  const int64_t plane = p.height * p.width;
+  const int64_t bins = p.pooled_height * p.pooled_width;
+  const T* g = grad.data_ptr<T>();
+  T* gin = grad_input.data_ptr<T>();
+  for_each_roi_chunk<T>(rois, p, [&](int64_t first, int64_t count, const std::vector<RoiTaps<T>>& chunk) {
     at::parallel_for(0, channels, grain_for(4 * bins * count), [&](int64_t c_lo, int64_t c_hi) {
       for (int64_t c = c_lo; c < c_hi; ++c) {
         for (int64_t i = 0; i < count; ++i) {
@@ -152,7 +162,7 @@ void roi_align_backward_impl(
         }
       }
     });
-  }
+  });
 }
 
 // Whether to run on a channels-last copy: pays off when the taps touch each input value
@@ -250,18 +260,12 @@ void roi_align_backward_channels_last(
   // [K, bins, C]: the gradient of one bin is contiguous over channels, like the taps' targets.
   auto grad_t = grad.reshape({num_rois, channels, bins}).transpose(1, 2).contiguous();
   const T* g = grad_t.data_ptr<T>();
-  const T* roi_ptr = rois.data_ptr<T>();
   T* gin = grad_input_cl.data_ptr<T>();
   // Channel blocks: a multiple of 16 wide, enough of them to keep every thread busy.
   const int64_t threads = at::get_num_threads();
   const int64_t width = std::max<int64_t>(16, ((channels + threads - 1) / threads + 15) / 16 * 16);
   const int64_t blocks = (channels + width - 1) / width;
-  std::vector<RoiTaps<T>> chunk(std::min(num_rois, kBackwardRoiChunk));
-  for (int64_t first = 0; first < num_rois; first += kBackwardRoiChunk) {
-    const int64_t count = std::min(kBackwardRoiChunk, num_rois - first);
-    at::parallel_for(0, count, grain_for(4 * bins), [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) compute_taps(roi_ptr + 5 * (first + i), p, chunk[i]);
-    });
+  for_each_roi_chunk<T>(rois, p, [&](int64_t first, int64_t count, const std::vector<RoiTaps<T>>& chunk) {
     at::parallel_for(0, blocks, grain_for(4 * bins * count * width), [&](int64_t blo, int64_t bhi) {
       const int64_t c0 = blo * width;
       const int64_t c1 = std::min(channels, bhi * width);
@@ -281,7 +285,7 @@ void roi_align_backward_channels_last(
         }
       }
     });
-  }
+  });
 }
 
 void check_cpu_dtype(const char* op, const at::Tensor& t) {

@@ -7,7 +7,8 @@ from tests.engine.toy_model import session_cache
 
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory):
-    """Data cache with the tiny shapes splits registered as tiny_shapes_train / tiny_shapes_val."""
+    """Data cache with the tiny shapes splits registered as tiny_shapes_train / tiny_shapes_val
+    (tests/engine/toy_model.py), for the engine and tools tests."""
     old = os.environ.get("DETCORE_CACHE")
     yield session_cache(tmp_path_factory)
     if old is None:
