@@ -92,6 +92,7 @@ def detcore_cfg(args):
             "MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0,
             "TEST.DETECTIONS_PER_IMAGE", args.detections,
             "MODEL.RPN.POST_NMS_TOPK_TEST", args.proposals,
+            "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", args.roi_batch,
         ]
     )
     return cfg
@@ -180,6 +181,7 @@ class TorchvisionRunner:
             box_score_thresh=0.0,
             box_detections_per_img=args.detections,
             rpn_post_nms_top_n_test=args.proposals,
+            box_batch_size_per_image=args.roi_batch,
         ).to(self.device)
         self.model.train(train)
 
@@ -367,19 +369,25 @@ def worker(args):
 
 
 # --- driver -------------------------------------------------------------------------------------------
-def run_worker(args, frameworks, phase):
+def start_worker(args, frameworks, phase):
     cmd = [
         sys.executable, os.path.abspath(__file__), "--worker", "--frameworks", ",".join(frameworks),
         "--phase", phase, "--device", args.device, "--threads", str(args.threads), "--config", args.config,
         "--height", str(args.height), "--width", str(args.width), "--repeats", str(args.repeats),
         "--train-repeats", str(args.train_repeats), "--warmup", str(args.warmup),
-        "--detections", str(args.detections), "--proposals", str(args.proposals),
+        "--detections", str(args.detections), "--proposals", str(args.proposals), "--roi-batch", str(args.roi_batch),
     ]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc.what = f"{'/'.join(frameworks)} {phase}"
+    return proc
+
+
+def finish_worker(proc):
+    stdout, stderr = proc.communicate()
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise RuntimeError(f"the {'/'.join(frameworks)} {phase} worker failed (exit code {proc.returncode})")
+        sys.stderr.write(stderr[-4000:])
+        raise RuntimeError(f"the {proc.what} worker failed (exit code {proc.returncode})")
     return json.loads(lines[-1][len("RESULT "):])
 
 
@@ -436,7 +444,8 @@ def print_table(results, args):
     print("Work is fixed, not learned: random weights, score threshold 0, "
           f"{args.proposals} proposals and {args.detections} detections per image on both; "
           "train step = forward + backward + SGD (lr 0) on 2 images with "
-          f"{NUM_GT} objects each, FrozenBN, 3 trainable backbone stages on both.")
+          f"{NUM_GT} objects each, {args.roi_batch} sampled ROIs per image, FrozenBN, 3 trainable backbone "
+          "stages on both.")
 
 
 def main():
@@ -451,9 +460,11 @@ def main():
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--detections", type=int, default=100, help="detections per image, both models")
     parser.add_argument("--proposals", type=int, default=1000, help="RPN proposals per image at test time")
+    parser.add_argument("--roi-batch", type=int, default=512, help="ROIs sampled per training image, both models")
     parser.add_argument(
         "--quick", action="store_true",
-        help="smoke run (checks the tool, its ratios mean little): 128x192 image, 100 proposals, 10 detections, 1 repeat",
+        help="smoke run (checks the tool, its ratios mean little): 128x192 image, 100 proposals, "
+        "10 detections, 64 training ROIs per image, 1 repeat, no warmup",
     )
     parser.add_argument("--output", default=None, help="JSON path (default benchmark_results/model_<device>.json)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -470,8 +481,9 @@ def main():
         parser.error("--device cuda: no CUDA device is available")
     if args.quick:
         args.height, args.width = 128, 192
-        args.proposals, args.detections = 100, 10
-        args.repeats = args.train_repeats = args.warmup = 1
+        args.proposals, args.detections, args.roi_batch = 100, 10, 64
+        args.repeats = args.train_repeats = 1
+        args.warmup = 0
 
     try:
         import torchvision  # noqa: F401
@@ -483,11 +495,17 @@ def main():
 
     load_before = os.getloadavg()
     print(f"timing {' and '.join(frameworks)}, alternating run by run ...", flush=True)
-    results = run_worker(args, frameworks, "time")
-    for framework in frameworks:
-        for phase in ("infer", "train"):
+    results = finish_worker(start_worker(args, frameworks, "time"))
+    jobs = [(framework, phase) for framework in frameworks for phase in ("infer", "train")]
+    if args.quick:  # small models: measure all at once (each in its own process all the same)
+        print("peak memory of each framework and phase ...", flush=True)
+        procs = [start_worker(args, [framework], phase) for framework, phase in jobs]
+        for (framework, phase), proc in zip(jobs, procs):
+            results[framework][phase].update(finish_worker(proc))
+    else:  # one at a time: at 800x1333 a training step takes several GB
+        for framework, phase in jobs:
             print(f"peak memory of {framework} {phase} ...", flush=True)
-            results[framework][phase].update(run_worker(args, [framework], phase))
+            results[framework][phase].update(finish_worker(start_worker(args, [framework], phase)))
     load_after = os.getloadavg()
     print_table(results, args)
 
@@ -497,15 +515,19 @@ def main():
         "benchmark": "model",
         "device": args.device,
         "device_name": torch.cuda.get_device_name() if args.device == "cuda" else cpu_name(),
-        "stages": "explicit calls of each stage in turn, synchronized, timed separately (same calls as the models' forward)",
+        "stages": "each stage called in turn (the calls the models' forward makes), synchronized and timed apart",
         "threads": args.threads,
         "image": [args.height, args.width],
         "repeats": {"inference": args.repeats, "train": args.train_repeats, "warmup": args.warmup},
         "config": os.path.relpath(args.config, ROOT),
         "detections_per_image": args.detections,
         "proposals_per_image": args.proposals,
+        "train_rois_per_image": args.roi_batch,
         "load_average_1min": {"before": load_before[0], "after": load_after[0]},
-        "memory": "CUDA max_memory_allocated" if args.device == "cuda" else "peak RSS (ru_maxrss) of a subprocess per framework and phase",
+        "memory": (
+            "CUDA max_memory_allocated" if args.device == "cuda"
+            else "peak RSS (ru_maxrss) of a subprocess per framework and phase"
+        ),
         "quick": args.quick,
         "versions": {
             "python": platform.python_version(),

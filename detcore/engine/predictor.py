@@ -61,7 +61,7 @@ class Predictor:
                 f"Predictor: image must be a numpy uint8 array [H, W, 3] in BGR order (as cv2.imread "
                 f"returns), got {type(image).__name__}"
             )
-        if image.ndim != 3 or image.shape[2] != 3 or image.shape[0] < 1 or image.shape[1] < 1 or image.dtype != np.uint8:
+        if image.ndim != 3 or image.shape[2] != 3 or min(image.shape[:2]) < 1 or image.dtype != np.uint8:
             raise ValueError(
                 f"Predictor: image must be a numpy uint8 array [H, W, 3] in BGR order (as cv2.imread "
                 f"returns), got {image.dtype} array of shape {image.shape}"
