@@ -1,6 +1,7 @@
 import os
 
 import pytest
+import torch
 
 from tests.engine.toy_model import session_cache
 
@@ -15,3 +16,13 @@ def tiny_cache(tmp_path_factory):
         os.environ.pop("DETCORE_CACHE", None)
     else:
         os.environ["DETCORE_CACHE"] = old
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """One intra-op thread for a module of small-model tests: threads cost more than they give
+    on tiny inputs, and oversubscribe a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -13,13 +13,7 @@ from detcore.engine.predictor import Predictor
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models: intra-op threads cost more than they give, and oversubscribe a shared CPU.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _cfg(**overrides):

@@ -15,13 +15,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 LOSS_NAMES = {"loss_rpn_cls", "loss_rpn_loc", "loss_cls", "loss_box_reg", "loss_mask"}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Small inputs: intra-op threads cost more than they give, and oversubscribe a shared CPU.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _cfg(config="e2e_mask_rcnn_R_18_FPN_shapes.yaml", **overrides):
