@@ -352,11 +352,11 @@ def test_shapes_configs_are_small_and_from_scratch(name, depth):
     assert m.ROI_HEADS.NUM_CLASSES == 3
     assert m.WEIGHTS == "" and m.BACKBONE.FREEZE_AT == 0 and m.RESNETS.NORM == "GN"
     assert m.RESNETS.RES2_OUT_CHANNELS == 64
-    assert cfg.INPUT.MIN_SIZE_TRAIN == (128,) and cfg.INPUT.MAX_SIZE_TRAIN <= 320
-    assert m.ROI_HEADS.BATCH_SIZE_PER_IMAGE == 128
+    assert cfg.INPUT.MIN_SIZE_TRAIN == (96,) and cfg.INPUT.MAX_SIZE_TRAIN <= 320
+    assert m.ROI_HEADS.BATCH_SIZE_PER_IMAGE == 64
     assert m.ANCHOR_GENERATOR.SIZES[0] == [8] and m.ANCHOR_GENERATOR.SIZES[-1] == [128]
-    assert (m.FPN.OUT_CHANNELS, m.ROI_BOX_HEAD.FC_DIM, m.ROI_MASK_HEAD.CONV_DIM) == (128, 256, 128)
-    assert cfg.SOLVER.IMS_PER_BATCH == 4 and 1000 <= cfg.SOLVER.MAX_ITER <= 10000
+    assert (m.FPN.OUT_CHANNELS, m.ROI_BOX_HEAD.FC_DIM, m.ROI_MASK_HEAD.CONV_DIM) == (64, 256, 64)
+    assert cfg.SOLVER.IMS_PER_BATCH == 2 and 1000 <= cfg.SOLVER.MAX_ITER <= 10000
 
 
 # --- _BASE_ ------------------------------------------------------------------------------------
