@@ -49,6 +49,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from detcore.utils.collect_env import cpu_name  # noqa: E402
+
 NUM_GT = 6  # objects per training image
 STAGES = ("preprocess", "backbone", "rpn", "roi_heads", "postprocess")
 
@@ -389,17 +391,6 @@ def finish_worker(proc):
         sys.stderr.write(stderr[-4000:])
         raise RuntimeError(f"the {proc.what} worker failed (exit code {proc.returncode})")
     return json.loads(lines[-1][len("RESULT "):])
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def ratio(tv, dc):

@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import detcore  # noqa: E402
 from detcore.layers import batched_nms, nms, roi_align  # noqa: E402
+from detcore.utils.collect_env import cpu_name  # noqa: E402
 
 try:
     import torchvision
@@ -234,14 +235,7 @@ def run_case(case, device, tv_budget_s):
 def device_name(device):
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_name()
 
 
 def _fmt(value, digits=3):

@@ -48,7 +48,32 @@ def _check_warmup(method: str, warmup_iters: int, warmup_factor: float) -> None:
         raise ValueError(f"SOLVER.WARMUP_FACTOR must be in [0, 1], got {warmup_factor}")
 
 
-class WarmupMultiStepLR(LRScheduler):
+class _WarmupSchedule(LRScheduler):
+    """The LR is ``base_lr * factor_at(iteration)``; subclasses give the decay, this adds warmup."""
+
+    def __init__(self, optimizer, warmup_factor: float, warmup_iters: int, warmup_method: str, last_epoch: int):
+        _check_warmup(warmup_method, warmup_iters, warmup_factor)
+        self.warmup_factor = float(warmup_factor)
+        self.warmup_iters = int(warmup_iters)
+        self.warmup_method = warmup_method
+        super().__init__(optimizer, last_epoch)
+
+    def decay_at(self, it: int) -> float:
+        raise NotImplementedError
+
+    def factor_at(self, it: int) -> float:
+        warmup = warmup_factor_at_iter(self.warmup_method, it, self.warmup_iters, self.warmup_factor)
+        return warmup * self.decay_at(it)
+
+    def get_lr(self) -> List[float]:
+        factor = self.factor_at(self.last_epoch)
+        return [base_lr * factor for base_lr in self.base_lrs]
+
+    def _get_closed_form_lr(self) -> List[float]:
+        return self.get_lr()
+
+
+class WarmupMultiStepLR(_WarmupSchedule):
     """Warmup, then the LR multiplied by ``gamma`` at each milestone iteration."""
 
     def __init__(
@@ -67,27 +92,15 @@ class WarmupMultiStepLR(LRScheduler):
             raise ValueError(f"SOLVER.STEPS must be strictly increasing iterations, got {milestones}")
         if max_iters is not None and any(m > max_iters for m in milestones):
             logger.warning("SOLVER.STEPS %s has steps beyond SOLVER.MAX_ITER %d; they never apply", milestones, max_iters)
-        _check_warmup(warmup_method, warmup_iters, warmup_factor)
         self.milestones = milestones
         self.gamma = float(gamma)
-        self.warmup_factor = float(warmup_factor)
-        self.warmup_iters = int(warmup_iters)
-        self.warmup_method = warmup_method
-        super().__init__(optimizer, last_epoch)
+        super().__init__(optimizer, warmup_factor, warmup_iters, warmup_method, last_epoch)
 
-    def factor_at(self, it: int) -> float:
-        warmup = warmup_factor_at_iter(self.warmup_method, it, self.warmup_iters, self.warmup_factor)
-        return warmup * self.gamma ** bisect.bisect_right(self.milestones, it)
-
-    def get_lr(self) -> List[float]:
-        factor = self.factor_at(self.last_epoch)
-        return [base_lr * factor for base_lr in self.base_lrs]
-
-    def _get_closed_form_lr(self) -> List[float]:
-        return self.get_lr()
+    def decay_at(self, it: int) -> float:
+        return self.gamma ** bisect.bisect_right(self.milestones, it)
 
 
-class WarmupCosineLR(LRScheduler):
+class WarmupCosineLR(_WarmupSchedule):
     """Warmup, then a half cosine from the base LR (iteration 0) to 0 (``max_iters``)."""
 
     def __init__(
@@ -101,23 +114,11 @@ class WarmupCosineLR(LRScheduler):
     ):
         if max_iters <= 0:
             raise ValueError(f"SOLVER.MAX_ITER must be > 0, got {max_iters}")
-        _check_warmup(warmup_method, warmup_iters, warmup_factor)
         self.max_iters = int(max_iters)
-        self.warmup_factor = float(warmup_factor)
-        self.warmup_iters = int(warmup_iters)
-        self.warmup_method = warmup_method
-        super().__init__(optimizer, last_epoch)
+        super().__init__(optimizer, warmup_factor, warmup_iters, warmup_method, last_epoch)
 
-    def factor_at(self, it: int) -> float:
-        warmup = warmup_factor_at_iter(self.warmup_method, it, self.warmup_iters, self.warmup_factor)
-        return warmup * 0.5 * (1.0 + math.cos(math.pi * min(it, self.max_iters) / self.max_iters))
-
-    def get_lr(self) -> List[float]:
-        factor = self.factor_at(self.last_epoch)
-        return [base_lr * factor for base_lr in self.base_lrs]
-
-    def _get_closed_form_lr(self) -> List[float]:
-        return self.get_lr()
+    def decay_at(self, it: int) -> float:
+        return 0.5 * (1.0 + math.cos(math.pi * min(it, self.max_iters) / self.max_iters))
 
 
 def build_lr_scheduler(cfg, optimizer: torch.optim.Optimizer) -> LRScheduler:

@@ -40,6 +40,18 @@ def _first_line(args, last=False):
     return lines[-1] if last else lines[0]
 
 
+def cpu_name():
+    """The CPU model as the OS names it (benchmarks record it beside their timings)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _format_archs(raw):
     """'800,900' (nvcc's __CUDA_ARCH_LIST__) -> 'sm_80, sm_90'."""
     archs = [a.strip() for a in raw.split(",") if a.strip()]
@@ -70,6 +82,7 @@ def collect_env_rows():
         ("sys.platform", sys.platform),
         ("Python", sys.version.replace("\n", " ")),
         ("machine", platform.machine()),
+        ("CPU", cpu_name()),
     ]
     try:
         import torch
