@@ -68,6 +68,20 @@ def select_foreground_proposals(proposals: List[Instances], bg_label: int) -> Li
     return fg
 
 
+def _pooler_from_config(head_cfg, scales, roi_heads_cfg) -> ROIPooler:
+    """The pooler of one head (MODEL.ROI_BOX_HEAD or MODEL.ROI_MASK_HEAD): its resolution,
+    sampling and alignment, with the level mapping shared by all heads (MODEL.ROI_HEADS)."""
+    return ROIPooler(
+        output_size=head_cfg.POOLER_RESOLUTION,
+        scales=scales,
+        sampling_ratio=head_cfg.POOLER_SAMPLING_RATIO,
+        aligned=head_cfg.POOLER_ALIGNED,
+        canonical_box_size=roi_heads_cfg.CANONICAL_BOX_SIZE,
+        canonical_level=roi_heads_cfg.CANONICAL_LEVEL,
+        level_mapper=roi_heads_cfg.LEVEL_MAPPER,
+    )
+
+
 @ROI_HEADS_REGISTRY.register()
 class StandardROIHeads(nn.Module):
     """Box branch plus optional mask branch, each with its own pooler, on shared FPN features.
@@ -136,15 +150,7 @@ class StandardROIHeads(nn.Module):
 
         box = cfg.MODEL.ROI_BOX_HEAD
         res = box.POOLER_RESOLUTION
-        box_pooler = ROIPooler(
-            output_size=res,
-            scales=scales,
-            sampling_ratio=box.POOLER_SAMPLING_RATIO,
-            aligned=box.POOLER_ALIGNED,
-            canonical_box_size=roi.CANONICAL_BOX_SIZE,
-            canonical_level=roi.CANONICAL_LEVEL,
-            level_mapper=roi.LEVEL_MAPPER,
-        )
+        box_pooler = _pooler_from_config(box, scales, roi)
         box_head = build_box_head(cfg, ShapeSpec(channels=in_channels, height=res, width=res))
         kwargs = {
             "box_in_features": in_features,
@@ -161,15 +167,7 @@ class StandardROIHeads(nn.Module):
             mask = cfg.MODEL.ROI_MASK_HEAD
             res = mask.POOLER_RESOLUTION
             kwargs["mask_in_features"] = in_features
-            kwargs["mask_pooler"] = ROIPooler(
-                output_size=res,
-                scales=scales,
-                sampling_ratio=mask.POOLER_SAMPLING_RATIO,
-                aligned=mask.POOLER_ALIGNED,
-                canonical_box_size=roi.CANONICAL_BOX_SIZE,
-                canonical_level=roi.CANONICAL_LEVEL,
-                level_mapper=roi.LEVEL_MAPPER,
-            )
+            kwargs["mask_pooler"] = _pooler_from_config(mask, scales, roi)
             kwargs["mask_head"] = build_mask_head(cfg, ShapeSpec(channels=in_channels, height=res, width=res))
         return kwargs
 
