@@ -33,12 +33,17 @@ class FrozenBatchNorm2d(nn.Module):
                 f"FrozenBatchNorm2d: input x must have shape (N, {self.num_features}, H, W), "
                 f"got {tuple(x.shape)}"
             )
+        scale, shift = self.scale_and_shift(x.dtype)
+        return x * scale.reshape(1, -1, 1, 1) + shift.reshape(1, -1, 1, 1)
+
+    def scale_and_shift(self, dtype=None):
+        """The per-channel (scale, shift) this layer applies, y = x * scale + shift, both of
+        shape (C,), cast to `dtype` if given (so half-precision inputs stay half precision)."""
         scale = self.weight * (self.running_var + self.eps).rsqrt()
         shift = self.bias - self.running_mean * scale
-        # Cast so that half-precision inputs stay half precision.
-        scale = scale.to(x.dtype).reshape(1, -1, 1, 1)
-        shift = shift.to(x.dtype).reshape(1, -1, 1, 1)
-        return x * scale + shift
+        if dtype is not None:
+            scale, shift = scale.to(dtype), shift.to(dtype)
+        return scale, shift
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs

@@ -5,7 +5,26 @@ module gives them one name each (`fpn_lateral2`, `fpn_lateral2.norm`), the detec
 """
 from torch import nn
 
-__all__ = ["Conv2d", "c2_xavier_fill", "c2_msra_fill"]
+from .batch_norm import FrozenBatchNorm2d
+
+__all__ = ["Conv2d", "conv_norm", "c2_xavier_fill", "c2_msra_fill"]
+
+
+def conv_norm(conv, norm, x):
+    """`norm(conv(x))` for an `nn.Conv2d` and a norm module (or None).
+
+    A FrozenBatchNorm2d is folded into the convolution instead of run after it: its per-channel
+    scale multiplies the weight (a weight-sized product) and its shift becomes the bias, which
+    saves two passes over the output, forward and backward. The result is the same up to float
+    rounding, and gradients still reach the conv's weight (through the product).
+    """
+    if isinstance(norm, FrozenBatchNorm2d):
+        scale, shift = norm.scale_and_shift(conv.weight.dtype)
+        weight = conv.weight * scale.reshape(-1, 1, 1, 1)
+        bias = shift if conv.bias is None else conv.bias * scale + shift
+        return conv._conv_forward(x, weight, bias)
+    x = conv._conv_forward(x, conv.weight, conv.bias)
+    return x if norm is None else norm(x)
 
 
 class Conv2d(nn.Conv2d):
@@ -22,9 +41,7 @@ class Conv2d(nn.Conv2d):
 
     def forward(self, x):
         # _conv_forward honours padding_mode (zeros, reflect, ...), plain F.conv2d does not.
-        x = self._conv_forward(x, self.weight, self.bias)
-        if self.norm is not None:
-            x = self.norm(x)
+        x = conv_norm(self, self.norm, x)
         if self.activation is not None:
             x = self.activation(x)
         return x

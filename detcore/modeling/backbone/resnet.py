@@ -22,9 +22,10 @@ original MSRA / caffe2 models, detectron2's MSRA weights) or on the 3×3 conv (t
 checkpoint.
 """
 from torch import nn
+from torch.nn import functional as F
 
 from detcore.layers.batch_norm import FrozenBatchNorm2d, get_norm
-from detcore.layers.conv import c2_msra_fill
+from detcore.layers.conv import c2_msra_fill, conv_norm
 
 from .backbone import Backbone
 from .build import BACKBONE_REGISTRY
@@ -61,6 +62,14 @@ def _conv(in_channels, out_channels, kernel_size, norm, stride=1, dilation=1, gr
     )
 
 
+def _shortcut(block, x):
+    """The block's shortcut branch: x itself, or its projection (1×1 conv + norm)."""
+    if block.downsample is None:
+        return x
+    conv, *norm = block.downsample
+    return conv_norm(conv, norm[0] if norm else None, x)
+
+
 def _downsample(in_channels, out_channels, stride, norm):
     """1×1 projection shortcut (+ norm), used where a block changes channels or resolution."""
     layers = [_conv(in_channels, out_channels, 1, norm, stride=stride)]
@@ -79,7 +88,6 @@ class BasicBlock(nn.Module):
         self.bn1 = _norm_or_identity(norm, out_channels)
         self.conv2 = _conv(out_channels, out_channels, 3, norm)
         self.bn2 = _norm_or_identity(norm, out_channels)
-        self.relu = nn.ReLU(inplace=True)
         self.downsample = None
         if stride != 1 or in_channels != out_channels:
             self.downsample = _downsample(in_channels, out_channels, stride, norm)
@@ -89,10 +97,11 @@ class BasicBlock(nn.Module):
         return self.bn2
 
     def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        shortcut = x if self.downsample is None else self.downsample(x)
-        return self.relu(out + shortcut)
+        # conv_norm folds FrozenBN into the convs; the adds and ReLUs work in place.
+        out = F.relu_(conv_norm(self.conv1, self.bn1, x))
+        out = conv_norm(self.conv2, self.bn2, out)
+        out += _shortcut(self, x)
+        return F.relu_(out)
 
 
 class BottleneckBlock(nn.Module):
@@ -126,7 +135,6 @@ class BottleneckBlock(nn.Module):
         self.bn2 = _norm_or_identity(norm, bottleneck_channels)
         self.conv3 = _conv(bottleneck_channels, out_channels, 1, norm)
         self.bn3 = _norm_or_identity(norm, out_channels)
-        self.relu = nn.ReLU(inplace=True)
         self.downsample = None
         if stride != 1 or in_channels != out_channels:
             self.downsample = _downsample(in_channels, out_channels, stride, norm)
@@ -136,11 +144,12 @@ class BottleneckBlock(nn.Module):
         return self.bn3
 
     def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        shortcut = x if self.downsample is None else self.downsample(x)
-        return self.relu(out + shortcut)
+        # conv_norm folds FrozenBN into the convs; the adds and ReLUs work in place.
+        out = F.relu_(conv_norm(self.conv1, self.bn1, x))
+        out = F.relu_(conv_norm(self.conv2, self.bn2, out))
+        out = conv_norm(self.conv3, self.bn3, out)
+        out += _shortcut(self, x)
+        return F.relu_(out)
 
 
 class BasicStem(nn.Module):
@@ -152,11 +161,10 @@ class BasicStem(nn.Module):
         self.stride = 4
         self.conv1 = _conv(in_channels, out_channels, 7, norm, stride=2)
         self.bn1 = _norm_or_identity(norm, out_channels)
-        self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
 
     def forward(self, x):
-        return self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        return self.maxpool(F.relu_(conv_norm(self.conv1, self.bn1, x)))
 
 
 class ResNet(Backbone):

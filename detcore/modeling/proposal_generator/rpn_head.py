@@ -74,7 +74,7 @@ class StandardRPNHead(nn.Module):
                 raise ValueError(
                     f"StandardRPNHead: features[{i}] must be [B, {self.in_channels}, H, W], got {tuple(x.shape)}"
                 )
-            t = F.relu(self.conv(x))
+            t = F.relu_(self.conv(x))
             logits.append(self.objectness_logits(t))
             deltas.append(self.anchor_deltas(t))
         return logits, deltas

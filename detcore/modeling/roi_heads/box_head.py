@@ -47,7 +47,7 @@ class FastRCNNConvFCHead(nn.Sequential):
                 padding=1,
                 bias=not conv_norm,  # a norm layer brings its own shift
                 norm=get_norm(conv_norm, dim),
-                activation=F.relu,
+                activation=F.relu_,  # in place: the conv (or norm) output is not needed again
             )
             c2_msra_fill(conv)
             self.add_module(f"conv{k + 1}", conv)
@@ -62,7 +62,7 @@ class FastRCNNConvFCHead(nn.Sequential):
                 fc = nn.Linear(in_dim, dim)
                 c2_xavier_fill(fc)
                 self.add_module(f"fc{k + 1}", fc)
-                self.add_module(f"fc_relu{k + 1}", nn.ReLU())
+                self.add_module(f"fc_relu{k + 1}", nn.ReLU(inplace=True))
                 self.fcs.append(fc)
                 in_dim = dim
             self._output_size = in_dim

@@ -166,14 +166,14 @@ class MaskRCNNConvUpsampleHead(nn.Sequential):
                 padding=1,
                 bias=not conv_norm,
                 norm=get_norm(conv_norm, dim),
-                activation=F.relu,
+                activation=F.relu_,  # in place: the conv (or norm) output is not needed again
             )
             self.add_module(f"mask_fcn{k + 1}", conv)
             self.conv_norm_relus.append(conv)
             channels = dim
 
         self.deconv = nn.ConvTranspose2d(channels, conv_dims[-1], kernel_size=2, stride=2)
-        self.add_module("deconv_relu", nn.ReLU())
+        self.add_module("deconv_relu", nn.ReLU(inplace=True))
         self.predictor = nn.Conv2d(conv_dims[-1], num_classes, kernel_size=1)
 
         for layer in self.conv_norm_relus + [self.deconv]:
