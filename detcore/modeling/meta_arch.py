@@ -36,6 +36,7 @@ class GeneralizedRCNN(nn.Module):
         mask_threshold: float = 0.5,
         paste_mode: str = "aligned",
         size_divisibility: int = 0,
+        channels_last: bool = False,
     ):
         super().__init__()
         if len(pixel_mean) != len(pixel_std):
@@ -56,6 +57,10 @@ class GeneralizedRCNN(nn.Module):
         # from training, so checkpoints do not carry them.
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
         self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
+        # Weights (here) and images (preprocess_image) in NHWC; conv outputs then stay NHWC.
+        self.channels_last = channels_last
+        if channels_last:
+            self.to(memory_format=torch.channels_last)
 
     @classmethod
     def from_config(cls, cfg):
@@ -71,6 +76,7 @@ class GeneralizedRCNN(nn.Module):
             mask_threshold=cfg.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD,
             paste_mode=cfg.MODEL.ROI_MASK_HEAD.PASTE_MODE,
             size_divisibility=cfg.INPUT.SIZE_DIVISIBILITY,
+            channels_last=cfg.MODEL.CHANNELS_LAST,
         )
 
     @property
@@ -89,7 +95,10 @@ class GeneralizedRCNN(nn.Module):
                     f"{self.input_format} order, got {shape}"
                 )
             images.append((image.to(self.device, non_blocking=True).float() - self.pixel_mean) / self.pixel_std)
-        return ImageList.from_tensors(images, self.size_divisibility)
+        images = ImageList.from_tensors(images, self.size_divisibility)
+        if self.channels_last:
+            images.tensor = images.tensor.contiguous(memory_format=torch.channels_last)
+        return images
 
     def forward(self, batched_inputs: List[Dict]):
         if not self.training:

@@ -271,3 +271,39 @@ def test_faster_rcnn_config_has_no_mask_branch():
     assert inst.image_size == (96, 96) and len(inst) > 0
     boxes = inst.pred_boxes.tensor
     assert (boxes >= 0).all() and (boxes <= 96).all()
+
+
+def test_channels_last_model_gives_the_same_results(mask_model):
+    # The R-50 body with FrozenBN: the folded-norm convs and the bottleneck in-place adds run in NHWC.
+    cfg = _cfg("e2e_mask_rcnn_R_50_FPN_1x.yaml", **{"MODEL.RESNETS.NORM": "FrozenBN", "MODEL.CHANNELS_LAST": False})
+    torch.manual_seed(0)
+    nchw = build_model(cfg).eval()
+    assert nchw.backbone.bottom_up.res2[0].conv1.weight.is_contiguous()
+    cfg.merge_from_list(["MODEL.CHANNELS_LAST", True])
+    nhwc = build_model(cfg).eval()
+    nhwc.load_state_dict(nchw.state_dict())
+    assert nhwc.backbone.bottom_up.res2[0].conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    inputs = [{"image": _image(64, 96, seed=3)}]
+    images = nhwc.preprocess_image(inputs)
+    assert images.tensor.is_contiguous(memory_format=torch.channels_last)
+    features = nhwc.backbone(images.tensor)
+    assert all(f.is_contiguous(memory_format=torch.channels_last) for f in features.values())
+    torch.testing.assert_close(features, nchw.backbone(nchw.preprocess_image(inputs).tensor), rtol=1e-4, atol=1e-4)
+    got, expected = nhwc(inputs)[0]["instances"], nchw(inputs)[0]["instances"]
+    assert len(got) == len(expected) > 0
+    torch.testing.assert_close(got.scores, expected.scores, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got.pred_boxes.tensor, expected.pred_boxes.tensor, rtol=1e-4, atol=1e-3)
+
+    # Training: the same losses, and gradients in the weights' own layout.
+    nhwc.train()
+    nchw.train()
+    batch = [{"image": _image(64, 96, seed=4), "instances": _gt(64, 96)}]
+    torch.manual_seed(1)
+    losses = nhwc(batch)
+    torch.manual_seed(1)
+    reference = nchw(batch)
+    for name, value in reference.items():
+        torch.testing.assert_close(losses[name], value, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    sum(losses.values()).backward()
+    conv = nhwc.backbone.bottom_up.res3[0].conv2
+    assert conv.weight.grad is not None and torch.isfinite(conv.weight.grad).all()
