@@ -1,0 +1,352 @@
+"""What tools/benchmark_model.py measures, and the worker subprocess that measures it.
+
+The shared inputs (a smooth random image, polygon targets), detcore's and torchvision's Mask R-CNN
+R50-FPN behind one small interface (a runner per framework), the timed inference and training
+step, and the two kinds of worker: one that times every framework alternating run by run, one that
+takes the peak memory of a single (framework, phase). The entry script starts a worker as itself
+with ``--worker``; the method is documented there.
+"""
+import json
+import resource
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+NUM_GT = 6  # objects per training image
+STAGES = ("preprocess", "backbone", "rpn", "roi_heads", "postprocess")
+
+
+# --- shared inputs ----------------------------------------------------------------------------------
+def make_image(h, w, seed):
+    """A smooth random BGR uint8 image (random noise would be an unusual input for a detector)."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, size=(max(h // 16, 2), max(w // 16, 2), 3)).astype(np.float32)
+    t = torch.from_numpy(small).permute(2, 0, 1)[None]
+    big = torch.nn.functional.interpolate(t, size=(h, w), mode="bilinear", align_corners=False)[0]
+    return big.round().clamp(0, 255).to(torch.uint8)  # [3, H, W], BGR by convention
+
+
+def make_targets(h, w, num_classes, seed):
+    """NUM_GT boxes with an octagon polygon inscribed in each, and class ids in [0, num_classes)."""
+    rng = np.random.default_rng(seed)
+    boxes, polygons = [], []
+    for _ in range(NUM_GT):
+        bw, bh = rng.uniform(0.05, 0.4) * w, rng.uniform(0.05, 0.4) * h
+        x1, y1 = rng.uniform(0, w - bw), rng.uniform(0, h - bh)
+        cx, cy = x1 + bw / 2, y1 + bh / 2
+        angles = np.arange(8) * np.pi / 4
+        poly = np.stack([cx + bw / 2 * np.cos(angles), cy + bh / 2 * np.sin(angles)], axis=1)
+        boxes.append([poly[:, 0].min(), poly[:, 1].min(), poly[:, 0].max(), poly[:, 1].max()])
+        polygons.append(poly.reshape(-1))
+    classes = rng.integers(0, num_classes, size=NUM_GT)
+    return np.array(boxes, dtype=np.float32), polygons, classes
+
+
+# --- the two models, each behind the same small interface --------------------------------------------
+def detcore_cfg(args):
+    from detcore.config import get_cfg
+
+    cfg = get_cfg()
+    cfg.merge_from_file(args.config)
+    cfg.merge_from_list(
+        [
+            "MODEL.DEVICE", args.device,
+            "MODEL.WEIGHTS", "",
+            "MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0,
+            "TEST.DETECTIONS_PER_IMAGE", args.detections,
+            "MODEL.RPN.POST_NMS_TOPK_TEST", args.proposals,
+            "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", args.roi_batch,
+        ]
+    )
+    cfg.merge_from_list(list(args.opts))  # the command line's KEY VALUE pairs, last so that they win
+    return cfg
+
+
+class DetcoreRunner:
+    name = "detcore"
+
+    def __init__(self, args, train):
+        from detcore.modeling import build_model
+
+        self.cfg = detcore_cfg(args)
+        self.device = torch.device(args.device)
+        self.model = build_model(self.cfg)
+        self.model.train(train)
+        self.num_classes = self.cfg.MODEL.ROI_HEADS.NUM_CLASSES
+
+    def inference_inputs(self, image):
+        return [{"image": image.to(self.device), "height": image.shape[1], "width": image.shape[2]}]
+
+    def stages(self, inputs):
+        """The model's inference, split into its stages (the same calls GeneralizedRCNN.inference makes)."""
+        m = self.model
+        state = {}
+
+        def preprocess():
+            state["images"] = m.preprocess_image(inputs)
+
+        def backbone():
+            state["features"] = m.backbone(state["images"].tensor)
+
+        def rpn():
+            state["proposals"], _ = m.proposal_generator(state["images"], state["features"], None)
+
+        def roi_heads():
+            state["results"], _ = m.roi_heads(state["images"], state["features"], state["proposals"], None)
+
+        def postprocess():
+            state["output"] = m.postprocess(state["results"], inputs)
+
+        return state, dict(zip(STAGES, (preprocess, backbone, rpn, roi_heads, postprocess)))
+
+    @staticmethod
+    def counts(state):
+        return len(state["proposals"][0]), len(state["output"][0]["instances"])
+
+    def train_inputs(self, images, targets):
+        from detcore.structures import Boxes, Instances, PolygonMasks
+
+        inputs = []
+        for image, (boxes, polygons, classes) in zip(images, targets):
+            h, w = image.shape[1:]
+            inst = Instances(
+                (h, w),
+                gt_boxes=Boxes(torch.from_numpy(boxes)),
+                gt_classes=torch.from_numpy(classes).long(),
+                gt_masks=PolygonMasks([[p] for p in polygons]),
+            )
+            inputs.append({"image": image.to(self.device), "height": h, "width": w, "instances": inst})
+        return inputs
+
+    def train_forward(self, inputs):
+        return sum(self.model(inputs).values())
+
+
+class TorchvisionRunner:
+    name = "torchvision"
+
+    def __init__(self, args, train):
+        from torchvision.models.detection import MaskRCNN
+        from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+        from torchvision.ops import FrozenBatchNorm2d
+
+        cfg = detcore_cfg(args)  # the class count and input size follow detcore's config
+        self.device = torch.device(args.device)
+        self.num_classes = cfg.MODEL.ROI_HEADS.NUM_CLASSES
+        h, w = args.height, args.width
+        backbone = resnet_fpn_backbone(
+            backbone_name="resnet50", weights=None, norm_layer=FrozenBatchNorm2d, trainable_layers=3
+        )
+        self.model = MaskRCNN(
+            backbone,
+            num_classes=self.num_classes + 1,  # + background
+            min_size=min(h, w),  # the image is already at its test size: no resizing
+            max_size=max(h, w),
+            box_score_thresh=0.0,
+            box_detections_per_img=args.detections,
+            rpn_post_nms_top_n_test=args.proposals,
+            box_batch_size_per_image=args.roi_batch,
+        ).to(self.device)
+        self.model.train(train)
+
+    def _to_rgb_float(self, image):
+        # torchvision's convention: RGB floats in [0, 1] (the data loader's ToTensor; not timed).
+        return image.flip(0).float().div(255).to(self.device)
+
+    def inference_inputs(self, image):
+        return [self._to_rgb_float(image)]
+
+    def stages(self, inputs):
+        m = self.model
+        state = {}
+        original_sizes = [tuple(img.shape[-2:]) for img in inputs]
+
+        def preprocess():
+            state["images"], _ = m.transform(inputs)
+
+        def backbone():
+            state["features"] = m.backbone(state["images"].tensors)
+
+        def rpn():
+            state["proposals"], _ = m.rpn(state["images"], state["features"])
+
+        def roi_heads():
+            state["results"], _ = m.roi_heads(state["features"], state["proposals"], state["images"].image_sizes)
+
+        def postprocess():
+            state["output"] = m.transform.postprocess(state["results"], state["images"].image_sizes, original_sizes)
+
+        return state, dict(zip(STAGES, (preprocess, backbone, rpn, roi_heads, postprocess)))
+
+    @staticmethod
+    def counts(state):
+        return len(state["proposals"][0]), len(state["output"][0]["boxes"])
+
+    def train_inputs(self, images, targets):
+        import cv2
+
+        inputs, tv_targets = [], []
+        for image, (boxes, polygons, classes) in zip(images, targets):
+            h, w = image.shape[1:]
+            masks = np.zeros((len(polygons), h, w), dtype=np.uint8)
+            for mask, poly in zip(masks, polygons):
+                # Rasterize the same polygons detcore gets (pixel centres inside -> 1).
+                pts = np.round((poly.reshape(-1, 2) - 0.5) * 16).astype(np.int32)
+                cv2.fillPoly(mask, [pts], 1, cv2.LINE_8, 4)
+            inputs.append(self._to_rgb_float(image))
+            tv_targets.append(
+                {
+                    "boxes": torch.from_numpy(boxes).to(self.device),
+                    "labels": torch.from_numpy(classes + 1).long().to(self.device),  # 0 is background
+                    "masks": torch.from_numpy(masks).to(self.device),
+                }
+            )
+        return inputs, tv_targets
+
+    def train_forward(self, inputs):
+        images, targets = inputs
+        return sum(self.model(images, targets).values())
+
+
+RUNNERS = {"detcore": DetcoreRunner, "torchvision": TorchvisionRunner}
+
+
+# --- measuring (inside a worker subprocess) -------------------------------------------------------
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory_mb(device):
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    # ru_maxrss is in kilobytes on Linux (bytes on macOS).
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+def inference_once(runner, inputs):
+    """One inference, stage by stage: ({stage: ms}, (proposals, detections) of the first image)."""
+    device = runner.device
+    state, stages = runner.stages(inputs)
+    times = {}
+    with torch.no_grad():
+        for name, fn in stages.items():
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            times[name] = (time.perf_counter() - start) * 1000
+    return times, runner.counts(state)
+
+
+def inference_gflop(load):
+    """Floating-point operations of one inference in the ops torch's FlopCounterMode knows
+    (convolutions, matrix products), in GFLOP (a multiply-add counts 2). The same arithmetic on
+    both sides means the time differences come from everything else."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        load.infer()
+    return counter.get_total_flops() / 1e9
+
+
+def train_once(runner, inputs, optimizer):
+    """One training step: (forward ms, backward + SGD step ms)."""
+    device = runner.device
+    synchronize(device)
+    t0 = time.perf_counter()
+    loss = runner.train_forward(inputs)
+    synchronize(device)
+    t1 = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    synchronize(device)
+    t2 = time.perf_counter()
+    if not torch.isfinite(loss):
+        raise RuntimeError(f"{runner.name}: the training loss is not finite ({loss.item()})")
+    return (t1 - t0) * 1000, (t2 - t1) * 1000
+
+
+class Workload:
+    """A runner with its inference input, training batch and optimizer."""
+
+    def __init__(self, runner, args):
+        h, w = args.height, args.width
+        self.runner = runner
+        self.infer_inputs = runner.inference_inputs(make_image(h, w, seed=0))
+        images = [make_image(h, w, seed=1), make_image(h, w, seed=2)]
+        targets = [make_targets(h, w, runner.num_classes, seed=s) for s in (1, 2)]
+        self.train_inputs = runner.train_inputs(images, targets)
+        self.params = [p for p in runner.model.parameters() if p.requires_grad]
+        # lr 0: the weights stay as they are, so every repeat does the same work (the update is still computed).
+        self.optimizer = torch.optim.SGD(self.params, lr=0.0, momentum=0.9, weight_decay=1e-4)
+
+    def infer(self):
+        self.runner.model.eval()
+        return inference_once(self.runner, self.infer_inputs)
+
+    def train(self):
+        self.runner.model.train()
+        return train_once(self.runner, self.train_inputs, self.optimizer)
+
+
+def time_worker(args):
+    """Times every framework in one process, alternating them run by run, so that a change of
+    load on a shared machine hits all of them alike. A phase with 0 repeats is not run at all."""
+    loads = {w.runner.name: w for w in (Workload(RUNNERS[name](args, train=False), args) for name in args.frameworks)}
+    result = {name: {} for name in loads}
+    if args.repeats > 0:
+        infer = {name: {s: [] for s in STAGES + ("total",)} for name in loads}
+        counts = {}
+        for it in range(args.warmup + args.repeats):
+            for name, load in loads.items():
+                times, counts[name] = load.infer()
+                if it >= args.warmup:
+                    for stage, ms in times.items():
+                        infer[name][stage].append(ms)
+                    infer[name]["total"].append(sum(times.values()))
+        for name, load in loads.items():
+            i = {f"{k}_ms": statistics.median(v) for k, v in infer[name].items()}
+            i["proposals_per_image"], i["detections_per_image"] = counts[name]
+            i["gflop"] = inference_gflop(load)
+            result[name]["infer"] = i
+    if args.train_repeats > 0:
+        train = {name: {"forward": [], "backward_step": [], "total": []} for name in loads}
+        for it in range(args.warmup + args.train_repeats):
+            for name, load in loads.items():
+                fwd, bwd = load.train()
+                if it >= args.warmup:
+                    train[name]["forward"].append(fwd)
+                    train[name]["backward_step"].append(bwd)
+                    train[name]["total"].append(fwd + bwd)
+        for name, load in loads.items():
+            t = {f"{k}_ms": statistics.median(v) for k, v in train[name].items()}
+            t["trainable_params"] = sum(p.numel() for p in load.params)
+            result[name]["train"] = t
+    return result
+
+
+def memory_worker(args):
+    """Peak memory of one framework in one phase (one run, the high-water mark is what counts)."""
+    device = torch.device(args.device)
+    runner = RUNNERS[args.frameworks[0]](args, train=args.phase == "train")
+    load = Workload(runner, args)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    base = peak_memory_mb(device)
+    load.train() if args.phase == "train" else load.infer()
+    peak = peak_memory_mb(device)
+    return {"peak_memory_mb": peak, "memory_growth_mb": peak - base}
+
+
+def worker(args):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    result = time_worker(args) if args.phase == "time" else memory_worker(args)
+    print("RESULT " + json.dumps(result))
