@@ -193,6 +193,18 @@ def test_non_contiguous_input_rois_and_grad():
         torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=1e-5)
 
 
+def test_channels_last_input_with_few_rois():
+    # One roi on a large channels-last map: read in place (no planar copy) and still exact.
+    x = _features((2, 16, 40, 48), seed=17).to(memory_format=torch.channels_last)
+    rois = _rois(1, 2, (80, 96), seed=18)
+    kwargs = dict(output_size=(7, 7), spatial_scale=0.5, sampling_ratio=2, aligned=True)
+    grad_out = torch.randn(1, 16, 7, 7, generator=_gen(19))
+    ref_out, ref_grad = _forward_backward(roi_align_reference, x.contiguous(), rois, grad_out, **kwargs)
+    out, grad = _forward_backward(roi_align, x, rois, grad_out, **kwargs)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("aligned", [False, True])
 @pytest.mark.parametrize("sampling_ratio", [0, 2])
 def test_gradcheck(aligned, sampling_ratio):

@@ -308,8 +308,11 @@ at::Tensor roi_align_forward_cpu(
   const RoiAlignParams p{spatial_scale, pooled_height, pooled_width, sampling_ratio,
                          aligned,       input.size(2), input.size(3)};
   auto rois_c = rois.contiguous();
-  const bool channels_last = use_channels_last(
-      rois.size(0), input.size(1), pooled_height * pooled_width, input.numel());
+  // An input that already is channels-last (MODEL.CHANNELS_LAST) is read in place: the planar
+  // path would first copy all of it.
+  const bool channels_last =
+      input.is_contiguous(at::MemoryFormat::ChannelsLast) ||
+      use_channels_last(rois.size(0), input.size(1), pooled_height * pooled_width, input.numel());
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "roi_align_forward_cpu", [&] {
     if (channels_last) {
       roi_align_forward_channels_last<scalar_t>(to_channels_last<scalar_t>(input), rois_c, p, output);
