@@ -66,6 +66,7 @@ def start_worker(args, frameworks, phase):
         "--height", str(args.height), "--width", str(args.width), "--repeats", str(args.repeats),
         "--train-repeats", str(args.train_repeats), "--warmup", str(args.warmup),
         "--detections", str(args.detections), "--proposals", str(args.proposals), "--roi-batch", str(args.roi_batch),
+        *(["--torchvision-channels-last"] if args.torchvision_channels_last else []),
         *args.opts,  # last: a KEY VALUE list takes the rest of the command line
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -114,6 +115,8 @@ def print_table(results, args):
     print(f"detcore config: {os.path.relpath(args.config, ROOT)}")
     if args.opts:
         print(f"detcore overrides: {' '.join(args.opts)}")
+    if args.torchvision_channels_last:
+        print("torchvision: channels-last weights (--torchvision-channels-last)")
     print("tv/detcore = torchvision / detcore: above 1, detcore is faster or smaller")
     print(f"{'':32} {'detcore':>12} {'torchvision':>12} {'tv/detcore':>11}  unit")
     for label, key, u in rows:
@@ -177,6 +180,11 @@ def main():
         "--quick", action="store_true",
         help="smoke run (checks the tool, its ratios mean little): 128x192 image, 100 proposals, "
         "10 detections, 64 training ROIs per image, 1 repeat (0 stays 0), no warmup",
+    )
+    parser.add_argument(
+        "--torchvision-channels-last", action="store_true",
+        help="give torchvision's model channels-last weights too (detcore's MODEL.CHANNELS_LAST, done by hand), "
+        "to compare like with like rather than default with default",
     )
     parser.add_argument("--output", default=None, help="JSON path (default benchmark_results/model_<device>.json)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -244,6 +252,7 @@ def main():
         "repeats": {"inference": args.repeats, "train": args.train_repeats, "warmup": args.warmup},
         "config": os.path.relpath(args.config, ROOT),
         "detcore_overrides": args.opts,
+        "torchvision_channels_last": args.torchvision_channels_last,
         "detections_per_image": args.detections,
         "proposals_per_image": args.proposals,
         "train_rois_per_image": args.roi_batch,

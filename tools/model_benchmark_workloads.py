@@ -150,6 +150,10 @@ class TorchvisionRunner:
             rpn_post_nms_top_n_test=args.proposals,
             box_batch_size_per_image=args.roi_batch,
         ).to(self.device)
+        if args.torchvision_channels_last:
+            # NHWC weights are enough: a conv with NHWC weights gives NHWC outputs, so the layout
+            # spreads from the first conv on.
+            self.model.to(memory_format=torch.channels_last)
         self.model.train(train)
 
     def _to_rgb_float(self, image):
