@@ -1,16 +1,15 @@
 """Predictor: numpy BGR image in, numpy detections in original pixels out; preprocessing
 (channel order, test-time resize), weight loading, input checks."""
-from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 import torch
 
-from detcore.config import get_cfg
 from detcore.engine.predictor import Predictor
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+from tests.modeling.small_config import small_cfg
+
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -18,24 +17,8 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 def _cfg(**overrides):
     """The R-18 shapes config, narrowed for speed, testing at short side 64 (long side <= 100)."""
-    cfg = get_cfg()
-    cfg.merge_from_file(str(CONFIGS / "e2e_mask_rcnn_R_18_FPN_shapes.yaml"))
-    small = {
-        "MODEL.DEVICE": "cpu",
-        "MODEL.FPN.OUT_CHANNELS": 32,
-        "MODEL.ROI_BOX_HEAD.FC_DIM": 32,
-        "MODEL.ROI_MASK_HEAD.CONV_DIM": 32,
-        "MODEL.ROI_MASK_HEAD.NUM_CONV": 1,
-        "MODEL.RPN.PRE_NMS_TOPK_TEST": 200,
-        "MODEL.RPN.POST_NMS_TOPK_TEST": 50,
-        "MODEL.ROI_HEADS.SCORE_THRESH_TEST": 0.0,  # random weights: keep everything
-        "TEST.DETECTIONS_PER_IMAGE": 10,
-        "INPUT.MIN_SIZE_TEST": 64,
-        "INPUT.MAX_SIZE_TEST": 100,
-    }
-    small.update(overrides)
-    cfg.merge_from_list([item for pair in small.items() for item in pair])
-    return cfg
+    test_size = {"TEST.DETECTIONS_PER_IMAGE": 10, "INPUT.MIN_SIZE_TEST": 64, "INPUT.MAX_SIZE_TEST": 100}
+    return small_cfg(**{**test_size, **overrides})
 
 
 def _bgr(h, w, seed=0):

@@ -1,46 +1,20 @@
 """GeneralizedRCNN end to end: preprocessing, training losses, eval outputs in the original image
 size (boxes rescaled, masks pasted), input checks, and the Faster R-CNN (no mask) variant."""
 import copy
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from detcore.config import get_cfg
 from detcore.modeling import GeneralizedRCNN, build_model
 from detcore.structures import Boxes, Instances, PolygonMasks
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+from .small_config import small_cfg as _cfg
+
 LOSS_NAMES = {"loss_rpn_cls", "loss_rpn_loc", "loss_cls", "loss_box_reg", "loss_mask"}
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-def _cfg(config="e2e_mask_rcnn_R_18_FPN_shapes.yaml", **overrides):
-    """A config from configs/ shrunk to a fast test model: same structure, narrow layers, few ROIs."""
-    cfg = get_cfg()
-    cfg.merge_from_file(str(CONFIGS / config))
-    small = {
-        "MODEL.DEVICE": "cpu",
-        "MODEL.FPN.OUT_CHANNELS": 32,
-        "MODEL.ROI_BOX_HEAD.FC_DIM": 32,
-        "MODEL.ROI_MASK_HEAD.CONV_DIM": 32,
-        "MODEL.ROI_MASK_HEAD.NUM_CONV": 1,
-        "MODEL.RPN.PRE_NMS_TOPK_TRAIN": 200,
-        "MODEL.RPN.POST_NMS_TOPK_TRAIN": 50,
-        "MODEL.RPN.PRE_NMS_TOPK_TEST": 200,
-        "MODEL.RPN.POST_NMS_TOPK_TEST": 50,
-        "MODEL.RPN.BATCH_SIZE_PER_IMAGE": 64,
-        "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE": 32,
-        # Random weights score everything low: keep all detections so there is something to check.
-        "MODEL.ROI_HEADS.SCORE_THRESH_TEST": 0.0,
-        "TEST.DETECTIONS_PER_IMAGE": 20,
-    }
-    small.update(overrides)
-    cfg.merge_from_list([item for pair in small.items() for item in pair])
-    return cfg
 
 
 @pytest.fixture(scope="module")
