@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 import cv2
 import numpy as np
 
-__all__ = ["read_metrics", "plot_loss_curves"]
+__all__ = ["read_metrics", "plot_loss_curves", "plot_runs_compared"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +102,35 @@ def plot_loss_curves(
     return out_png
 
 
+def plot_runs_compared(
+    metrics_paths: dict, out_png: str, key: str = "total_loss", title: Optional[str] = None, ylabel: Optional[str] = None
+) -> str:
+    """Draw one metric (``key``: a loss, "bbox/AP", ...) of several training runs on one axis, a curve per run.
+
+    ``metrics_paths``: run name -> its metrics.json. Runs whose file has no finite ``key`` are
+    left out; if none has it, ValueError. Returns ``out_png``.
+    """
+    curves = []
+    for name, path in metrics_paths.items():
+        series = _series(read_metrics(path), key)
+        if series is not None:
+            curves.append((name, series[1], series[2]))
+    if not curves:
+        raise ValueError(f"plot_runs_compared: none of {list(metrics_paths.values())} has a finite '{key}'")
+    title = title or f"{key} by run"
+    os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        _plot_cv2(curves, None, title, out_png, ylabel=ylabel or key)
+    else:
+        _plot_matplotlib(Figure, FigureCanvasAgg, curves, None, title, out_png, ylabel=ylabel or key)
+    return out_png
+
+
 # --- matplotlib -----------------------------------------------------------------------------------
-def _plot_matplotlib(Figure, FigureCanvasAgg, losses: List[Series], lr: Optional[Series], title: str, out_png: str):
+def _plot_matplotlib(Figure, FigureCanvasAgg, losses: List[Series], lr: Optional[Series], title: str, out_png: str, ylabel="loss"):
     rows = 2 if lr is not None else 1
     fig = Figure(figsize=(10, 7 if lr is not None else 5), dpi=100)
     FigureCanvasAgg(fig)
@@ -111,7 +138,7 @@ def _plot_matplotlib(Figure, FigureCanvasAgg, losses: List[Series], lr: Optional
     for j, (name, xs, ys) in enumerate(losses):
         color = tuple(c / 255 for c in _PALETTE[j % len(_PALETTE)])
         axes[0].plot(xs, ys, label=name, color=color, linewidth=2.0 if name == "total_loss" else 1.2)
-    axes[0].set_ylabel("loss")
+    axes[0].set_ylabel(ylabel)
     axes[0].legend(loc="upper right", fontsize=9)
     axes[0].set_title(title)
     if lr is not None:
@@ -224,7 +251,7 @@ def _draw_panel(canvas, rect, series: List[Series], colors, x_range, ylabel: str
             cv2.putText(canvas, name, (x0 + 40, yc + h // 2), _FONT, 0.45, _BLACK, 1, cv2.LINE_AA)
 
 
-def _plot_cv2(losses: List[Series], lr: Optional[Series], title: str, out_png: str) -> None:
+def _plot_cv2(losses: List[Series], lr: Optional[Series], title: str, out_png: str, ylabel="loss") -> None:
     width, height = 1000, 720 if lr is not None else 520
     canvas = np.full((height, width, 3), 255, np.uint8)
     bgr = [tuple(reversed(c)) for c in _PALETTE]
@@ -239,7 +266,7 @@ def _plot_cv2(losses: List[Series], lr: Optional[Series], title: str, out_png: s
     cv2.putText(canvas, title, ((width - tw) // 2, 14 + th), _FONT, 0.6, _BLACK, 1, cv2.LINE_AA)
     loss_bottom = height - 70 if lr is None else int(height * 0.64)
     loss_colors = [bgr[j % len(bgr)] for j in range(len(losses))]
-    _draw_panel(canvas, (left, 45, right, loss_bottom), losses, loss_colors, (x_lo, x_hi), "loss",
+    _draw_panel(canvas, (left, 45, right, loss_bottom), losses, loss_colors, (x_lo, x_hi), ylabel,
                 show_x_labels=lr is None, legend=True)
     last_bottom = loss_bottom
     if lr is not None:

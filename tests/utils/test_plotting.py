@@ -125,3 +125,16 @@ def test_nice_ticks_are_round_and_cover_the_range(lo, hi):
     mantissa = steps[0] / 10 ** math.floor(math.log10(steps[0]))
     assert any(math.isclose(mantissa, m) for m in (1, 2, 5))
     assert ticks[0] - lo < steps[0] + 1e-12 and hi - ticks[-1] < steps[0] + 1e-12
+
+
+def test_runs_compared_draws_one_curve_per_run(tmp_path, no_matplotlib):
+    a = write_metrics(tmp_path / "a.json", with_lr=False)
+    b = write_metrics(tmp_path / "b.json", iterations=range(9, 200, 10), with_lr=False)
+    no_total = tmp_path / "c.json"
+    no_total.write_text(json.dumps({"iteration": 5, "loss_cls": 1.0}) + "\n")
+    out = plotting.plot_runs_compared({"pretrained": a, "scratch": b, "empty": str(no_total)}, str(tmp_path / "cmp.png"))
+    img = load_png(out)
+    assert has_colour(img, plotting._PALETTE[0]) and has_colour(img, plotting._PALETTE[1])
+    assert not has_colour(img, plotting._PALETTE[2])  # the run without total_loss is left out
+    with pytest.raises(ValueError, match="total_loss"):
+        plotting.plot_runs_compared({"empty": str(no_total)}, str(tmp_path / "none.png"))
