@@ -203,12 +203,22 @@ class DefaultTrainer(TrainerBase):
             self.last_eval_results = self.test(cfg, _unwrap(self.model))
             return self.last_eval_results
 
+        writers = self.build_writers() if main else []
+        json_writers = [w for w in writers if isinstance(w, JSONWriter)]
+
+        def write_metrics_file():
+            for writer in json_writers:
+                writer.write()
+
         return [
             hooks.IterationTimer(),
             hooks.LRScheduler(self.optimizer, self.scheduler),
-            hooks.PeriodicCheckpointer(self.checkpointer, cfg.SOLVER.CHECKPOINT_PERIOD),
+            # The metrics file is written before each checkpoint, so that no iteration a resumed
+            # run skips is missing from it.
+            hooks.PeriodicCheckpointer(self.checkpointer, cfg.SOLVER.CHECKPOINT_PERIOD, before_save=write_metrics_file),
+            # After the checkpoint: a crash while evaluating loses no training.
             hooks.EvalHook(cfg.TEST.EVAL_PERIOD, evaluate) if cfg.DATASETS.TEST else None,
-            hooks.PeriodicWriter(self.build_writers(), cfg.LOG_PERIOD) if main else None,
+            hooks.PeriodicWriter(writers, cfg.LOG_PERIOD) if main else None,
             hooks.LossCurvePlotter(metrics_file, os.path.join(out, LOSS_CURVE_FILE), cfg.SOLVER.CHECKPOINT_PERIOD)
             if main else None,
         ]

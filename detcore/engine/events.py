@@ -140,14 +140,18 @@ class EventWriter:
 class JSONWriter(EventWriter):
     """Appends one JSON line per iteration that has new scalars to ``json_file``.
 
-    Every line is flushed and fsynced, so a run killed at any moment keeps all lines written
-    before (at worst the last line is cut short; ``detcore.utils.plotting.read_metrics`` skips it).
+    A scalar is new if its name has not been written for its iteration yet, so values put after
+    an iteration's line was written (an evaluation run after an early write) get a line of their
+    own for that iteration instead of being dropped. Every line is flushed and fsynced, so a run
+    killed at any moment keeps all lines written before (at worst the last line is cut short;
+    ``detcore.utils.plotting.read_metrics`` skips it).
     """
 
     def __init__(self, json_file: str, window_size: int = 20):
         self._path = json_file
         self._window_size = window_size
-        self._last_write = -1
+        self._floor = -1  # iterations <= this are never written (a resumed run's past)
+        self._written: Dict[str, int] = {}  # scalar name -> last iteration written
         os.makedirs(os.path.dirname(os.path.abspath(json_file)), exist_ok=True)
         self._file = open(json_file, "a", encoding="utf-8")
 
@@ -175,21 +179,23 @@ class JSONWriter(EventWriter):
             os.fsync(f.fileno())
         os.replace(tmp, self._path)
         self._file = open(self._path, "a", encoding="utf-8")
-        self._last_write = start_iter - 1
+        self._floor = start_iter - 1
+        self._written.clear()
 
     def write(self) -> None:
         storage = get_event_storage()
         by_iter: Dict[int, Dict[str, float]] = defaultdict(dict)
         for name, (value, it) in storage.latest_with_smoothing_hint(self._window_size).items():
-            if it > self._last_write:
+            if it > self._floor and it > self._written.get(name, -1):
                 by_iter[it][name] = value
         if not by_iter:
             return
         for it in sorted(by_iter):
             self._file.write(json.dumps({"iteration": it, **by_iter[it]}, sort_keys=False) + "\n")
+            for name in by_iter[it]:
+                self._written[name] = it
         self._file.flush()
         os.fsync(self._file.fileno())
-        self._last_write = max(by_iter)
 
     def close(self) -> None:
         self._file.close()
@@ -237,7 +243,8 @@ class TensorboardWriter(EventWriter):
     def __init__(self, summary_writer, window_size: int = 20):
         self._writer = summary_writer
         self._window_size = window_size
-        self._last_write = -1
+        self._floor = -1  # iterations <= this are never written (a resumed run's past)
+        self._written: Dict[str, int] = {}  # scalar name -> last iteration written
 
     @classmethod
     def create(cls, log_dir: str, window_size: int = 20) -> Optional["TensorboardWriter"]:

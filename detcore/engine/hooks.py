@@ -11,7 +11,7 @@ import logging
 import math
 import os
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from detcore.utils import comm
 
@@ -76,17 +76,23 @@ class LRScheduler(HookBase):
 class PeriodicCheckpointer(HookBase):
     """Saves ``model_<iter:07d>.pth`` after every ``period``-th iteration and ``model_final.pth``
     when the run completes (never after a failed step). Runs on every rank (saving gathers RNG
-    states); rank 0 writes."""
+    states); rank 0 writes.
 
-    def __init__(self, checkpointer: Checkpointer, period: int):
+    ``before_save``: called first, e.g. to write the iteration's metrics: a run killed right
+    after the save resumes after this iteration, and would otherwise never log it."""
+
+    def __init__(self, checkpointer: Checkpointer, period: int, before_save: Optional[Callable[[], None]] = None):
         if period <= 0:
             raise ValueError(f"SOLVER.CHECKPOINT_PERIOD must be > 0, got {period}")
         self.checkpointer = checkpointer
         self.period = period
+        self.before_save = before_save
 
     def after_step(self) -> None:
         it = self.trainer.iter
         if (it + 1) % self.period == 0 and it + 1 < self.trainer.max_iter:
+            if self.before_save is not None:
+                self.before_save()
             self.checkpointer.save(f"model_{it:07d}", iteration=it)
 
     def after_train(self) -> None:

@@ -55,6 +55,31 @@ def test_training_run_writes_metrics_checkpoints_eval_and_curves(tiny_cache, tmp
     assert os.path.isfile(tmp_path / "inference" / "tiny_shapes_val" / "coco_eval_metrics.json")
 
 
+def test_each_checkpoint_iteration_is_in_the_metrics_file_before_its_checkpoint(tiny_cache, tmp_path):
+    # A kill right after a checkpoint resumes after its iteration, so that iteration must already
+    # be logged, whatever LOG_PERIOD says (here 100: no regular line before the end).
+    cfg = toy_cfg(tmp_path, "SOLVER.MAX_ITER", "6", "SOLVER.CHECKPOINT_PERIOD", "2", "LOG_PERIOD", "100",
+                  "TEST.EVAL_PERIOD", "2")
+    trainer = DefaultTrainer(cfg)
+    trainer.resume_or_load(resume=False)
+    logged_at_save = {}
+    save = trainer.checkpointer.save
+
+    def spying_save(name, **kwargs):
+        records = read_metrics(str(tmp_path / "metrics.json"))
+        logged_at_save[name] = [r["iteration"] for r in records if "total_loss" in r]
+        return save(name, **kwargs)
+
+    trainer.checkpointer.save = spying_save
+    trainer.train()
+    assert logged_at_save["model_0000001"] == [1]
+    assert logged_at_save["model_0000003"] == [1, 3]
+    records = read_metrics(str(tmp_path / "metrics.json"))
+    assert [r["iteration"] for r in records if "total_loss" in r] == [1, 3, 5]
+    # Evaluations after those early writes still reach the file, on lines of their own.
+    assert [r["iteration"] for r in records if "bbox/AP" in r] == [1, 3, 6]
+
+
 def test_resume_continues_and_rewrites_redone_metrics(tiny_cache, tmp_path):
     base = ["SOLVER.CHECKPOINT_PERIOD", "2", "LOG_PERIOD", "1", "DATASETS.TEST", "()"]
     first = DefaultTrainer(toy_cfg(tmp_path, "SOLVER.MAX_ITER", "5", *base))

@@ -53,6 +53,23 @@ def test_json_writer_lines_and_resume_truncation(tmp_path):
     assert [json.loads(line)["iteration"] for line in open(path)] == [1, 3]
 
 
+def test_json_writer_writes_late_scalars_of_a_written_iteration_once(tmp_path):
+    # The trainer writes an iteration's losses before its checkpoint; an evaluation of that
+    # iteration comes after, and must still reach the file (once, and without the losses again).
+    path = str(tmp_path / "metrics.json")
+    writer = JSONWriter(path, window_size=1)
+    with EventStorage(0) as storage:
+        storage.iter = 4
+        storage.put_scalar("total_loss", 2.0)
+        writer.write()
+        storage.put_scalar("bbox/AP", 31.5, smoothing_hint=False)
+        writer.write()
+        writer.write()  # nothing new
+    writer.close()
+    lines = [json.loads(line) for line in open(path)]
+    assert lines == [{"iteration": 4, "total_loss": 2.0}, {"iteration": 4, "bbox/AP": 31.5}]
+
+
 def test_metric_printer_line(caplog):
     printer = CommonMetricPrinter(max_iter=101, window_size=20)
     with EventStorage(0) as storage, caplog.at_level(logging.INFO, logger="detcore.engine.train"):
