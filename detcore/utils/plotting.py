@@ -90,16 +90,7 @@ def plot_loss_curves(
         )
     lr = _series(records, "lr")
     title = title or f"Training curves: {os.path.basename(metrics_jsonl_path)}"
-    out_dir = os.path.dirname(os.path.abspath(out_png))
-    os.makedirs(out_dir, exist_ok=True)
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        _plot_cv2(losses, lr, title, out_png)
-    else:
-        _plot_matplotlib(Figure, FigureCanvasAgg, losses, lr, title, out_png)
-    return out_png
+    return _render(losses, lr, title, out_png, "loss")
 
 
 def plot_runs_compared(
@@ -117,15 +108,19 @@ def plot_runs_compared(
             curves.append((name, series[1], series[2]))
     if not curves:
         raise ValueError(f"plot_runs_compared: none of {list(metrics_paths.values())} has a finite '{key}'")
-    title = title or f"{key} by run"
+    return _render(curves, None, title or f"{key} by run", out_png, ylabel or key)
+
+
+def _render(curves: List[Series], lr: Optional[Series], title: str, out_png: str, ylabel: str) -> str:
+    """Draw with matplotlib when it is importable, else with OpenCV; creates the folder."""
     os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        _plot_cv2(curves, None, title, out_png, ylabel=ylabel or key)
+        _plot_cv2(curves, lr, title, out_png, ylabel)
     else:
-        _plot_matplotlib(Figure, FigureCanvasAgg, curves, None, title, out_png, ylabel=ylabel or key)
+        _plot_matplotlib(Figure, FigureCanvasAgg, curves, lr, title, out_png, ylabel)
     return out_png
 
 
