@@ -9,6 +9,7 @@
 on one process or many (``torchrun --nproc_per_node N tools/train_net.py ...``).
 """
 import argparse
+import inspect
 import logging
 import os
 import random
@@ -132,8 +133,12 @@ def create_ddp_model(model: nn.Module) -> nn.Module:
     if comm.get_world_size() == 1:
         return model
     device_ids = [comm.get_local_rank()] if next(model.parameters()).device.type == "cuda" else None
-    # broadcast_buffers=False: buffers (FrozenBN statistics, pixel mean) never change, and a
-    # broadcast in every forward would hang evaluation, where ranks run unequal numbers of batches.
+    # No buffer broadcast in forward: buffers (FrozenBN statistics, pixel mean) never change, and
+    # a broadcast in every forward would hang evaluation, where ranks run unequal numbers of
+    # batches. Newer torch names the switch forward_sync_buffers (still syncing once at init,
+    # which is harmless here) and deprecates broadcast_buffers.
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return DistributedDataParallel(model, device_ids=device_ids, forward_sync_buffers=False)
     return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
 
 
