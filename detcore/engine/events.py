@@ -243,8 +243,7 @@ class TensorboardWriter(EventWriter):
     def __init__(self, summary_writer, window_size: int = 20):
         self._writer = summary_writer
         self._window_size = window_size
-        self._floor = -1  # iterations <= this are never written (a resumed run's past)
-        self._written: Dict[str, int] = {}  # scalar name -> last iteration written
+        self._last_write = -1
 
     @classmethod
     def create(cls, log_dir: str, window_size: int = 20) -> Optional["TensorboardWriter"]:
