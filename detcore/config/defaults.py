@@ -30,7 +30,7 @@ _C.MODEL.PIXEL_MEAN = [103.530, 116.280, 123.675]
 _C.MODEL.PIXEL_STD = [57.375, 57.120, 58.395]
 # Keep images, feature maps and conv weights in channels-last (NHWC) memory layout: oneDNN's
 # CPU convolutions then skip converting layouts around every conv (measured on a 2-core CPU,
-# R-50-FPN at 800x1333: inference 1.32x, train step 1.20x faster than NCHW; docs/benchmarks.md),
+# R-50-FPN at 800x1333: inference 1.26x, train step 1.16x faster than NCHW; docs/benchmarks.md),
 # and GPU tensor cores prefer it too. Same results up to float rounding.
 _C.MODEL.CHANNELS_LAST = True
 
