@@ -145,24 +145,6 @@ def print_table(results, args):
           "stages on both.")
 
 
-def parse_args(parser):
-    """parse_args, with options allowed after the KEY VALUE overrides too: REMAINDER takes them along,
-    so an option found where a KEY should be is parsed as an option again (a config key never starts
-    with "--")."""
-    args = parser.parse_args()
-    opts, rest = [], args.opts
-    while rest:
-        at = next((k for k in range(0, len(rest), 2) if rest[k].startswith("--")), len(rest))
-        opts += rest[:at]
-        if at == len(rest):
-            break
-        args.opts = []
-        parser.parse_args(rest[at:], namespace=args)  # sets only what it finds; its trailing pairs land in args.opts
-        rest = args.opts
-    args.opts = opts
-    return args
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -191,11 +173,12 @@ def main():
     parser.add_argument("--frameworks", default="detcore,torchvision", help=argparse.SUPPRESS)
     parser.add_argument("--phase", choices=("time", "infer", "train"), help=argparse.SUPPRESS)
     parser.add_argument(
-        "opts", nargs=argparse.REMAINDER, default=[],
+        "opts", nargs="*", default=[],
         help="detcore config overrides, KEY VALUE ..., applied after the benchmark's own (torchvision only reads "
         "the class count from the config)",
     )
-    args = parse_args(parser)
+    # Intermixed: options may come after the KEY VALUE overrides too.
+    args = parser.parse_intermixed_args()
     args.config = os.path.abspath(args.config)
     args.frameworks = args.frameworks.split(",")
     if len(args.opts) % 2:
