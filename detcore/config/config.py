@@ -8,6 +8,7 @@ yacs gives the tree, attribute access, `clone`/`freeze`/`dump` and the value par
 - an unknown key (in a file, a list or another cfg) names the key, where it came from and
   the closest existing key ("did you mean MODEL.RPN.NMS_THRESH?");
 - a type mismatch names the key, the expected type and the value given;
+- a value outside a key's closed set of values (config/choices.py) names the key and the set;
 - a merge is all or nothing: it runs on a copy, so a bad file leaves the config untouched.
 """
 import ast
@@ -16,6 +17,8 @@ import os
 
 import yaml
 from yacs.config import CfgNode as _YacsCfgNode
+
+from .choices import find_violation
 
 BASE_KEY = "_BASE_"
 
@@ -52,14 +55,14 @@ class CfgNode(_YacsCfgNode):
             for path, data in chain:
                 work._merge_dict(data, path)
 
-        self._merge_atomically(merge)
+        self._merge_atomically(merge, os.fspath(cfg_filename))
 
     def merge_from_other_cfg(self, cfg_other):
         """Merge another CfgNode (or a plain nested dict) into this one."""
         if not isinstance(cfg_other, dict):
             got = type(cfg_other).__name__
             raise ConfigError(f"merge_from_other_cfg expects a CfgNode or dict, got {got}")
-        self._merge_atomically(lambda cfg: cfg._merge_dict(cfg_other, "the merged config"))
+        self._merge_atomically(lambda cfg: cfg._merge_dict(cfg_other, "the merged config"), "the merged config")
 
     def merge_from_list(self, cfg_list):
         """Merge ["KEY.PATH", value, ...] pairs, e.g. from the command line.
@@ -77,14 +80,19 @@ class CfgNode(_YacsCfgNode):
             for key, value in pairs:
                 work._merge_pair(key, value)
 
-        self._merge_atomically(merge)
+        self._merge_atomically(merge, "the override list")
 
-    def _merge_atomically(self, merge):
-        """Run `merge` on a copy and write the result back only if it succeeds."""
+    def _merge_atomically(self, merge, source):
+        """Run `merge` on a copy and write the result back only if it succeeds and every key with
+        a closed set of values (config/choices.py) holds one of them."""
         if self.is_frozen():
             raise AttributeError("config is frozen; call cfg.defrost() before merging into it")
         work = self.clone()
         merge(work)
+        violation = find_violation(work)
+        if violation is not None:
+            key, allowed, value = violation
+            raise ConfigError(f"config key {key} in {source} must be one of {list(allowed)}, got {value!r}")
         _copy_into(work, self)
 
     def _merge_dict(self, data, source, prefix="", root=None):

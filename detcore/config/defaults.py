@@ -1,7 +1,9 @@
 """Every config key detcore knows, with its default and what it means.
 
-Builders (`build_*(cfg)`) read these keys and pass plain arguments to constructors; a key
-that is not here cannot be set from a yaml file or the command line. The defaults are the
+Components read these keys in their `from_config` and get them as plain constructor arguments
+(detcore.utils.registry); a key that is not here cannot be set from a yaml file or the command
+line. Keys with a closed set of values are checked at merge time against config/choices.py,
+and their comments here list exactly those values. The defaults are the
 published Mask R-CNN R-50-FPN COCO recipe except where a comment says otherwise; the yaml
 files in configs/ only list what they change. Names follow detectron2 so its users feel at home.
 
@@ -38,8 +40,9 @@ _C.MODEL.CHANNELS_LAST = True
 # Backbone: a ResNet body and an FPN on top
 # ---------------------------------------------------------------------------------------------
 _C.MODEL.BACKBONE = CN()
-# Builder name in the BACKBONE registry.
-_C.MODEL.BACKBONE.NAME = "build_resnet_fpn_backbone"
+# Backbone name in the BACKBONE registry: "FPN" (ResNet + FPN), "ResNet" (the body alone),
+# "RetinaNetFPN" (ResNet + FPN with P6/P7 from C5); detectron2's builder names select the same.
+_C.MODEL.BACKBONE.NAME = "FPN"
 # Stages frozen (no gradient): 0 none, 1 the stem, 2 stem + res2, ... 5 everything.
 _C.MODEL.BACKBONE.FREEZE_AT = 2
 
@@ -63,7 +66,7 @@ _C.MODEL.RESNETS.STEM_OUT_CHANNELS = 64
 # Output channels of res2; doubles at each later stage. 256 for bottleneck ResNets,
 # 64 for R18/R34.
 _C.MODEL.RESNETS.RES2_OUT_CHANNELS = 256
-# Dilation of res5: 1 (stride 32) or 2 (stride 16, larger output map).
+# Dilation of the last stage: 1 (output stride 32) or 2 (output stride 16, a larger map).
 _C.MODEL.RESNETS.RES5_DILATION = 1
 
 _C.MODEL.FPN = CN()
@@ -71,18 +74,20 @@ _C.MODEL.FPN = CN()
 _C.MODEL.FPN.IN_FEATURES = ["res2", "res3", "res4", "res5"]
 # Channels of every FPN output (p2 ... p6).
 _C.MODEL.FPN.OUT_CHANNELS = 256
-# Normalization in the lateral and output convs: "" (none), "GN", "BN", "SyncBN".
+# Normalization in the lateral and output convs: "" (none), "GN", "BN", "SyncBN", "FrozenBN".
 _C.MODEL.FPN.NORM = ""
 # How the top-down and lateral paths combine: "sum" or "avg".
 _C.MODEL.FPN.FUSE_TYPE = "sum"
-# Extra coarser levels: "maxpool" (p6 = stride-2 max pool of p5, for Mask R-CNN) or
-# "p6p7" (p6, p7 from convs on C5, for RetinaNet).
+# Extra coarser levels: "maxpool" (p6 = stride-2 max pool of p5, for Mask R-CNN),
+# "p6p7" (p6, p7 from convs on C5, for RetinaNet), or "" / "none" (no extra level).
 _C.MODEL.FPN.TOP_BLOCK = "maxpool"
 
 # ---------------------------------------------------------------------------------------------
 # Anchors and the region proposal network
 # ---------------------------------------------------------------------------------------------
 _C.MODEL.ANCHOR_GENERATOR = CN()
+# Anchor generator name in the ANCHOR_GENERATOR registry.
+_C.MODEL.ANCHOR_GENERATOR.NAME = "DefaultAnchorGenerator"
 # Anchor sizes (sqrt of area, pixels), one list per RPN.IN_FEATURES level (or one list for all).
 _C.MODEL.ANCHOR_GENERATOR.SIZES = [[32], [64], [128], [256], [512]]
 # Anchor height / width ratios, one list per level (or one list shared by all levels).
@@ -94,6 +99,10 @@ _C.MODEL.ANCHOR_GENERATOR.ROUND_CELL_ANCHORS = False
 # Per level and axis, stride = padded image size // feature map size instead of the nominal
 # stride (torchvision: an 800 px high input gets stride 61 on its 13-row p6).
 _C.MODEL.ANCHOR_GENERATOR.STRIDES_FROM_IMAGE_SIZE = False
+
+_C.MODEL.PROPOSAL_GENERATOR = CN()
+# Proposal generator name in the PROPOSAL_GENERATOR registry.
+_C.MODEL.PROPOSAL_GENERATOR.NAME = "RPN"
 
 _C.MODEL.RPN = CN()
 # RPN head name in the RPN_HEAD registry.
@@ -113,7 +122,7 @@ _C.MODEL.RPN.ALLOW_LOW_QUALITY_MATCHES = True
 _C.MODEL.RPN.BATCH_SIZE_PER_IMAGE = 256
 # Target fraction of foreground anchors in that sample.
 _C.MODEL.RPN.POSITIVE_FRACTION = 0.5
-# Box regression loss: "smooth_l1" or "giou".
+# Box regression loss: "smooth_l1" or "l1" on the deltas, or "giou" on the decoded boxes.
 _C.MODEL.RPN.BBOX_REG_LOSS_TYPE = "smooth_l1"
 # Weights (wx, wy, ww, wh) of the anchor -> box delta encoding.
 _C.MODEL.RPN.BBOX_REG_WEIGHTS = (1.0, 1.0, 1.0, 1.0)
@@ -180,7 +189,7 @@ _C.MODEL.ROI_BOX_HEAD.CONV_DIM = 256
 # Fully connected layers, and their width.
 _C.MODEL.ROI_BOX_HEAD.NUM_FC = 2
 _C.MODEL.ROI_BOX_HEAD.FC_DIM = 1024
-# Normalization of the convs: "", "GN", "BN", "SyncBN".
+# Normalization of the convs: "" (none), "GN", "BN", "SyncBN", "FrozenBN".
 _C.MODEL.ROI_BOX_HEAD.NORM = ""
 # Side of the pooled feature (7 -> 7x7 per ROI).
 _C.MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION = 7
@@ -192,7 +201,7 @@ _C.MODEL.ROI_BOX_HEAD.POOLER_ALIGNED = True
 _C.MODEL.ROI_BOX_HEAD.BBOX_REG_WEIGHTS = (10.0, 10.0, 5.0, 5.0)
 # True: one box regression for all classes; False: one per class.
 _C.MODEL.ROI_BOX_HEAD.CLS_AGNOSTIC_BBOX_REG = False
-# Box regression loss: "smooth_l1" or "giou".
+# Box regression loss: "smooth_l1" or "l1" on the deltas, or "giou" on the decoded boxes.
 _C.MODEL.ROI_BOX_HEAD.BBOX_REG_LOSS_TYPE = "smooth_l1"
 # Smooth L1 transition point; 0.0 makes it plain L1.
 _C.MODEL.ROI_BOX_HEAD.SMOOTH_L1_BETA = 0.0
@@ -203,7 +212,7 @@ _C.MODEL.ROI_MASK_HEAD.NAME = "MaskRCNNConvUpsampleHead"
 # 3x3 convs before the 2x deconv, and their channels (4 x 256 -> 28x28 masks).
 _C.MODEL.ROI_MASK_HEAD.NUM_CONV = 4
 _C.MODEL.ROI_MASK_HEAD.CONV_DIM = 256
-# Normalization of the convs: "", "GN", "BN", "SyncBN".
+# Normalization of the convs: "" (none), "GN", "BN", "SyncBN", "FrozenBN".
 _C.MODEL.ROI_MASK_HEAD.NORM = ""
 # True: one mask for all classes; False: one mask per class (the box's class is used).
 _C.MODEL.ROI_MASK_HEAD.CLS_AGNOSTIC_MASK = False

@@ -15,6 +15,9 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
+from detcore.config.choices import TRAIN_SAMPLERS
+from detcore.utils.registry import build_from_config
+
 from .catalog import DatasetCatalog, MetadataCatalog
 from .dataset_mapper import DatasetMapper
 from .datasets.builtin import set_datasets_root
@@ -187,13 +190,13 @@ def build_detection_train_loader(cfg, mapper: Optional[Callable[[dict], dict]] =
     """Train loader of ``cfg.DATASETS.TRAIN`` (see ``make_detection_train_loader``)."""
     set_datasets_root(cfg.DATASETS.ROOT or None)
     records = get_detection_dataset_dicts(cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS)
-    if cfg.DATALOADER.SAMPLER_TRAIN != "TrainingSampler":
+    if cfg.DATALOADER.SAMPLER_TRAIN not in TRAIN_SAMPLERS:
         raise ValueError(
-            f"DATALOADER.SAMPLER_TRAIN: unknown sampler {cfg.DATALOADER.SAMPLER_TRAIN!r}; available: TrainingSampler"
+            f"DATALOADER.SAMPLER_TRAIN: unknown sampler {cfg.DATALOADER.SAMPLER_TRAIN!r}; available: {list(TRAIN_SAMPLERS)}"
         )
     return make_detection_train_loader(
         records,
-        mapper if mapper is not None else DatasetMapper.from_config(cfg, is_train=True),
+        mapper if mapper is not None else build_from_config(DatasetMapper, cfg, is_train=True),
         cfg.SOLVER.IMS_PER_BATCH,
         aspect_ratio_grouping=cfg.DATALOADER.ASPECT_RATIO_GROUPING,
         num_workers=cfg.DATALOADER.NUM_WORKERS,
@@ -207,6 +210,6 @@ def build_detection_test_loader(cfg, dataset_name: str, mapper: Optional[Callabl
     records = get_detection_dataset_dicts([dataset_name], filter_empty=False)
     return make_detection_test_loader(
         records,
-        mapper if mapper is not None else DatasetMapper.from_config(cfg, is_train=False),
+        mapper if mapper is not None else build_from_config(DatasetMapper, cfg, is_train=False),
         num_workers=cfg.DATALOADER.NUM_WORKERS,
     )

@@ -15,6 +15,8 @@ from typing import List, Sequence
 import numpy as np
 import torch
 
+from detcore.config.choices import FLIP_DIRECTIONS, IMAGE_FORMATS, MASK_FORMATS
+
 from . import detection_utils as utils
 from .transforms import Augmentation, RandomFlip, ResizeShortestEdge, apply_augmentations
 
@@ -28,8 +30,8 @@ def build_augmentation(cfg, is_train: bool) -> List[Augmentation]:
             ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TRAIN, cfg.INPUT.MAX_SIZE_TRAIN, cfg.INPUT.MIN_SIZE_TRAIN_SAMPLING)
         ]
         flip = cfg.INPUT.RANDOM_FLIP
-        if flip not in ("none", "horizontal", "vertical"):
-            raise ValueError(f"INPUT.RANDOM_FLIP must be 'none', 'horizontal' or 'vertical', got {flip!r}")
+        if flip not in FLIP_DIRECTIONS:
+            raise ValueError(f"INPUT.RANDOM_FLIP must be one of {list(FLIP_DIRECTIONS)}, got {flip!r}")
         if flip != "none":
             augs.append(RandomFlip(0.5, horizontal=flip == "horizontal", vertical=flip == "vertical"))
         return augs
@@ -49,12 +51,15 @@ class DatasetMapper:
         instance_mask_format: str = "polygon",
     ):
         if hasattr(is_train, "INPUT"):  # DatasetMapper(cfg, ...), detectron2's spelling
-            raise TypeError("DatasetMapper: to build one from a config, use DatasetMapper.from_config(cfg, is_train)")
-        if image_format not in ("BGR", "RGB"):
-            raise ValueError(f"DatasetMapper: image_format must be 'BGR' or 'RGB', got {image_format!r}")
-        if instance_mask_format not in ("polygon", "bitmask"):
+            raise TypeError(
+                "DatasetMapper: to build one from a config, use "
+                "detcore.utils.registry.build_from_config(DatasetMapper, cfg, is_train)"
+            )
+        if image_format not in IMAGE_FORMATS:
+            raise ValueError(f"DatasetMapper: image_format must be one of {list(IMAGE_FORMATS)}, got {image_format!r}")
+        if instance_mask_format not in MASK_FORMATS:
             raise ValueError(
-                f"DatasetMapper: instance_mask_format must be 'polygon' or 'bitmask', got {instance_mask_format!r}"
+                f"DatasetMapper: instance_mask_format must be one of {list(MASK_FORMATS)}, got {instance_mask_format!r}"
             )
         self.is_train = bool(is_train)
         self.augmentations = list(augmentations)
@@ -63,14 +68,14 @@ class DatasetMapper:
         self.instance_mask_format = instance_mask_format
 
     @classmethod
-    def from_config(cls, cfg, is_train: bool = True) -> "DatasetMapper":
-        return cls(
-            is_train,
-            build_augmentation(cfg, is_train),
-            image_format=cfg.INPUT.FORMAT,
-            use_instance_mask=cfg.MODEL.MASK_ON,
-            instance_mask_format=cfg.INPUT.MASK_FORMAT,
-        )
+    def from_config(cls, cfg, is_train: bool = True):
+        return {
+            "is_train": is_train,
+            "augmentations": build_augmentation(cfg, is_train),
+            "image_format": cfg.INPUT.FORMAT,
+            "use_instance_mask": cfg.MODEL.MASK_ON,
+            "instance_mask_format": cfg.INPUT.MASK_FORMAT,
+        }
 
     def __call__(self, record: dict) -> dict:
         image = utils.read_image(record["file_name"], self.image_format)

@@ -7,6 +7,7 @@ import cv2
 import numpy as np
 import pycocotools.mask as mask_util
 import torch
+from detcore.config.choices import IMAGE_FORMATS, MASK_FORMATS
 
 from ..structures import BitMasks, Boxes, Instances, PolygonMasks, polygons_to_bitmask
 from .transforms import TransformList
@@ -20,7 +21,7 @@ __all__ = [
     "filter_empty_instances",
 ]
 
-_FORMATS = ("BGR", "RGB")
+_FORMATS = IMAGE_FORMATS
 
 
 def read_image(file_name: str, format: str = "BGR") -> np.ndarray:
@@ -113,8 +114,8 @@ def annotations_to_instances(
 ) -> Instances:
     """``Instances`` with gt_boxes (clipped), gt_classes (int64) and, when ``with_masks``,
     gt_masks as ``PolygonMasks`` (``mask_format="polygon"``) or ``BitMasks`` ("bitmask")."""
-    if mask_format not in ("polygon", "bitmask"):
-        raise ValueError(f"annotations_to_instances: mask_format must be 'polygon' or 'bitmask', got {mask_format!r}")
+    if mask_format not in MASK_FORMATS:
+        raise ValueError(f"annotations_to_instances: mask_format must be one of {list(MASK_FORMATS)}, got {mask_format!r}")
     h, w = image_size
     boxes = Boxes(torch.tensor([a["bbox"] for a in annos], dtype=torch.float32).reshape(-1, 4)).clip((h, w))
     classes = torch.tensor([a["category_id"] for a in annos], dtype=torch.int64)

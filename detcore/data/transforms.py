@@ -13,6 +13,7 @@ from typing import List, Sequence, Tuple
 
 import cv2
 import numpy as np
+from detcore.config.choices import RESIZE_SAMPLING_STYLES
 
 __all__ = [
     "Transform",
@@ -185,8 +186,10 @@ class ResizeShortestEdge(Augmentation):
         if isinstance(short_edge_length, (int, np.integer)):
             short_edge_length = (int(short_edge_length),)
         self.lengths = tuple(int(v) for v in short_edge_length)
-        if sample_style not in ("choice", "range"):
-            raise ValueError(f"ResizeShortestEdge: sample_style must be 'choice' or 'range', got {sample_style!r}")
+        if sample_style not in RESIZE_SAMPLING_STYLES:
+            raise ValueError(
+                f"ResizeShortestEdge: sample_style must be one of {list(RESIZE_SAMPLING_STYLES)}, got {sample_style!r}"
+            )
         if not self.lengths or any(v < 0 for v in self.lengths):
             raise ValueError(f"ResizeShortestEdge: short_edge_length must be sizes >= 0, got {short_edge_length!r}")
         if sample_style == "range" and len(self.lengths) != 2:

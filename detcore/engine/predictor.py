@@ -14,12 +14,13 @@ import torch
 
 from detcore.data.transforms import ResizeShortestEdge, ResizeTransform
 from detcore.modeling import build_model
+from detcore.config.choices import IMAGE_FORMATS
 
 from .checkpoint import LoadReport, load_model_weights
 
 __all__ = ["Predictor"]
 
-_FORMATS = ("BGR", "RGB")
+_FORMATS = IMAGE_FORMATS
 
 
 class Predictor:

@@ -15,6 +15,7 @@ from typing import Callable, Iterable, List, Optional
 import torch
 from torch import nn
 
+from detcore.config.choices import AMP_DTYPES
 from detcore.utils import comm
 
 from .events import EventStorage, get_event_storage
@@ -23,7 +24,7 @@ __all__ = ["HookBase", "TrainerBase", "SimpleTrainer"]
 
 logger = logging.getLogger(__name__)
 
-_AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+_AMP_DTYPES = {name: getattr(torch, name) for name in AMP_DTYPES}
 
 
 class HookBase:

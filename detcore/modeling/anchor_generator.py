@@ -25,9 +25,8 @@ from detcore.utils.registry import Registry
 
 __all__ = ["ANCHOR_GENERATOR_REGISTRY", "DefaultAnchorGenerator", "build_anchor_generator"]
 
-# Anchor generators: classes with a from_config(cfg, input_shapes) classmethod, selected by
-# cfg.MODEL.ANCHOR_GENERATOR.NAME (default "DefaultAnchorGenerator").
-ANCHOR_GENERATOR_REGISTRY = Registry("ANCHOR_GENERATOR")
+# Anchor generators: `from_config(cfg, input_shapes)` gets one ShapeSpec per feature level.
+ANCHOR_GENERATOR_REGISTRY = Registry("ANCHOR_GENERATOR", "MODEL.ANCHOR_GENERATOR.NAME")
 
 
 def _per_level(values, num_levels: int, name: str) -> List[List[float]]:
@@ -117,15 +116,16 @@ class DefaultAnchorGenerator(nn.Module):
             self.register_buffer(f"cell_anchors_{i}", cell, persistent=False)
 
     @classmethod
-    def from_config(cls, cfg, input_shapes: Sequence[ShapeSpec]) -> "DefaultAnchorGenerator":
-        return cls(
-            sizes=cfg.MODEL.ANCHOR_GENERATOR.SIZES,
-            aspect_ratios=cfg.MODEL.ANCHOR_GENERATOR.ASPECT_RATIOS,
-            strides=[shape.stride for shape in input_shapes],
-            offset=cfg.MODEL.ANCHOR_GENERATOR.OFFSET,
-            round_cell_anchors=cfg.MODEL.ANCHOR_GENERATOR.ROUND_CELL_ANCHORS,
-            strides_from_image_size=cfg.MODEL.ANCHOR_GENERATOR.STRIDES_FROM_IMAGE_SIZE,
-        )
+    def from_config(cls, cfg, input_shapes: Sequence[ShapeSpec]):
+        anchors = cfg.MODEL.ANCHOR_GENERATOR
+        return {
+            "sizes": anchors.SIZES,
+            "aspect_ratios": anchors.ASPECT_RATIOS,
+            "strides": [shape.stride for shape in input_shapes],
+            "offset": anchors.OFFSET,
+            "round_cell_anchors": anchors.ROUND_CELL_ANCHORS,
+            "strides_from_image_size": anchors.STRIDES_FROM_IMAGE_SIZE,
+        }
 
     @property
     def cell_anchors(self) -> List[torch.Tensor]:
@@ -197,7 +197,6 @@ class DefaultAnchorGenerator(nn.Module):
 
 
 def build_anchor_generator(cfg, input_shapes: Sequence[ShapeSpec]) -> nn.Module:
-    """Build the anchor generator named by cfg.MODEL.ANCHOR_GENERATOR.NAME (when the config has
-    that key; "DefaultAnchorGenerator" otherwise) for feature maps described by ``input_shapes``."""
-    name = cfg.MODEL.ANCHOR_GENERATOR.get("NAME", "DefaultAnchorGenerator")
-    return ANCHOR_GENERATOR_REGISTRY.get(name).from_config(cfg, input_shapes)
+    """The anchor generator named by cfg.MODEL.ANCHOR_GENERATOR.NAME for feature maps described
+    by ``input_shapes``."""
+    return ANCHOR_GENERATOR_REGISTRY.build(cfg, input_shapes)

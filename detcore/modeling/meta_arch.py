@@ -17,7 +17,8 @@ from .postprocessing import detector_postprocess
 from .proposal_generator import build_proposal_generator
 from .roi_heads import build_roi_heads
 
-META_ARCH_REGISTRY = Registry("META_ARCH")
+# Meta-architectures: `from_config(cfg)` builds the parts through their own registries.
+META_ARCH_REGISTRY = Registry("META_ARCH", "MODEL.META_ARCHITECTURE")
 
 
 @META_ARCH_REGISTRY.register()
@@ -66,18 +67,18 @@ class GeneralizedRCNN(nn.Module):
     def from_config(cls, cfg):
         backbone = build_backbone(cfg)
         shapes = backbone.output_shape()
-        return cls(
-            backbone=backbone,
-            proposal_generator=build_proposal_generator(cfg, shapes),
-            roi_heads=build_roi_heads(cfg, shapes),
-            pixel_mean=cfg.MODEL.PIXEL_MEAN,
-            pixel_std=cfg.MODEL.PIXEL_STD,
-            input_format=cfg.INPUT.FORMAT,
-            mask_threshold=cfg.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD,
-            paste_mode=cfg.MODEL.ROI_MASK_HEAD.PASTE_MODE,
-            size_divisibility=cfg.INPUT.SIZE_DIVISIBILITY,
-            channels_last=cfg.MODEL.CHANNELS_LAST,
-        )
+        return {
+            "backbone": backbone,
+            "proposal_generator": build_proposal_generator(cfg, shapes),
+            "roi_heads": build_roi_heads(cfg, shapes),
+            "pixel_mean": cfg.MODEL.PIXEL_MEAN,
+            "pixel_std": cfg.MODEL.PIXEL_STD,
+            "input_format": cfg.INPUT.FORMAT,
+            "mask_threshold": cfg.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD,
+            "paste_mode": cfg.MODEL.ROI_MASK_HEAD.PASTE_MODE,
+            "size_divisibility": cfg.INPUT.SIZE_DIVISIBILITY,
+            "channels_last": cfg.MODEL.CHANNELS_LAST,
+        }
 
     @property
     def device(self) -> torch.device:
@@ -135,6 +136,4 @@ class GeneralizedRCNN(nn.Module):
 
 def build_model(cfg) -> nn.Module:
     """The model named by cfg.MODEL.META_ARCHITECTURE, on cfg.MODEL.DEVICE."""
-    model_class = META_ARCH_REGISTRY.get(cfg.MODEL.META_ARCHITECTURE)
-    model = model_class.from_config(cfg)
-    return model.to(torch.device(cfg.MODEL.DEVICE))
+    return META_ARCH_REGISTRY.build(cfg).to(torch.device(cfg.MODEL.DEVICE))

@@ -13,11 +13,12 @@ from torch import Tensor, nn
 
 from detcore.layers import roi_align
 from detcore.structures import Boxes
+from detcore.config.choices import LEVEL_MAPPERS
 
 __all__ = ["ROIPooler", "assign_boxes_to_levels"]
 
 
-_LEVEL_MAPPERS = ("detectron2", "torchvision")
+_LEVEL_MAPPERS = LEVEL_MAPPERS
 
 
 def assign_boxes_to_levels(

@@ -11,6 +11,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 import torch
 from torch import nn
 
+from detcore.config.choices import CLIP_TYPES
 from detcore.layers import FrozenBatchNorm2d
 
 __all__ = ["get_default_optimizer_params", "build_optimizer", "build_gradient_clipper", "NORM_MODULE_TYPES"]
@@ -99,4 +100,4 @@ def build_gradient_clipper(cfg) -> Optional[Callable[[Iterable[torch.Tensor]], N
             torch.nn.utils.clip_grad_value_(list(parameters), clip_value)
 
         return clip_value_
-    raise ValueError(f"SOLVER.CLIP_GRADIENTS.CLIP_TYPE must be 'norm' or 'value', got {c.CLIP_TYPE!r}")
+    raise ValueError(f"SOLVER.CLIP_GRADIENTS.CLIP_TYPE must be one of {list(CLIP_TYPES)}, got {c.CLIP_TYPE!r}")

@@ -19,12 +19,13 @@ from typing import List, Optional, Sequence
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
+from detcore.config.choices import LR_SCHEDULERS, WARMUP_METHODS
 
 __all__ = ["WarmupMultiStepLR", "WarmupCosineLR", "warmup_factor_at_iter", "build_lr_scheduler"]
 
 logger = logging.getLogger(__name__)
 
-_WARMUP_METHODS = ("linear", "constant")
+_WARMUP_METHODS = WARMUP_METHODS
 
 
 def warmup_factor_at_iter(method: str, it: int, warmup_iters: int, warmup_factor: float) -> float:
@@ -132,5 +133,5 @@ def build_lr_scheduler(cfg, optimizer: torch.optim.Optimizer) -> LRScheduler:
     if name == "WarmupCosineLR":
         return WarmupCosineLR(optimizer, s.MAX_ITER, s.WARMUP_FACTOR, s.WARMUP_ITERS, s.WARMUP_METHOD)
     raise ValueError(
-        f"SOLVER.LR_SCHEDULER_NAME: unknown scheduler {name!r}; available: WarmupMultiStepLR, WarmupCosineLR"
+        f"SOLVER.LR_SCHEDULER_NAME: unknown scheduler {name!r}; available: {list(LR_SCHEDULERS)}"
     )

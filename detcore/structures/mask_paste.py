@@ -31,6 +31,7 @@ from typing import List, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+from detcore.config.choices import MASK_PASTE_MODES
 
 from .boxes import Boxes
 
@@ -54,8 +55,8 @@ def paste_masks_in_image(
 
     Returns ``[N, h, w]`` bool on ``masks``' device: ``pasted_probability >= threshold``.
     """
-    if mode not in ("aligned", "torchvision"):
-        raise ValueError(f"paste_masks_in_image: mode must be 'aligned' or 'torchvision', got {mode!r}")
+    if mode not in MASK_PASTE_MODES:
+        raise ValueError(f"paste_masks_in_image: mode must be one of {list(MASK_PASTE_MODES)}, got {mode!r}")
     if not isinstance(masks, torch.Tensor):
         raise TypeError(f"paste_masks_in_image: masks must be a tensor, got {type(masks).__name__}")
     if masks.dim() == 4 and masks.shape[1] == 1:

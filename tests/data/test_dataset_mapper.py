@@ -8,6 +8,7 @@ from detcore.config import get_cfg
 from detcore.data import DatasetCatalog, DatasetMapper
 from detcore.data.transforms import Augmentation, RandomFlip, ResizeShortestEdge, ResizeTransform
 from detcore.structures import BitMasks, Boxes, Instances, PolygonMasks
+from detcore.utils.registry import build_from_config
 
 
 @pytest.fixture
@@ -27,7 +28,7 @@ def small_cfg():
 
 def test_train_output_format(records):
     np.random.seed(0)
-    mapper = DatasetMapper.from_config(small_cfg(), is_train=True)
+    mapper = build_from_config(DatasetMapper, small_cfg(), is_train=True)
     for record in records[:5]:
         out = mapper(record)
         assert set(out) == {"file_name", "image_id", "height", "width", "image", "instances"}
@@ -43,12 +44,12 @@ def test_train_output_format(records):
 
 
 def test_test_mode_has_no_instances_and_resizes(records):
-    out = DatasetMapper.from_config(small_cfg(), is_train=False)(records[0])
+    out = build_from_config(DatasetMapper, small_cfg(), is_train=False)(records[0])
     assert "instances" not in out
     assert min(out["image"].shape[1:]) == 100
     cfg = small_cfg()
     cfg.INPUT.MIN_SIZE_TEST = 0  # no resizing
-    out = DatasetMapper.from_config(cfg, is_train=False)(records[0])
+    out = build_from_config(DatasetMapper, cfg, is_train=False)(records[0])
     reference = cv2.imread(records[0]["file_name"])
     assert torch.equal(out["image"], torch.from_numpy(reference).permute(2, 0, 1))
 
@@ -133,4 +134,4 @@ def test_bad_arguments():
     cfg = small_cfg()
     cfg.INPUT.RANDOM_FLIP = "diagonal"
     with pytest.raises(ValueError, match="RANDOM_FLIP"):
-        DatasetMapper.from_config(cfg, is_train=True)
+        build_from_config(DatasetMapper, cfg, is_train=True)

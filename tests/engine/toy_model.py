@@ -64,7 +64,11 @@ class ToyDetector(nn.Module):
 
     @classmethod
     def from_config(cls, cfg):
-        return cls(cfg.MODEL.ROI_HEADS.NUM_CLASSES, cfg.MODEL.PIXEL_MEAN, cfg.MODEL.PIXEL_STD)
+        return {
+            "num_classes": cfg.MODEL.ROI_HEADS.NUM_CLASSES,
+            "pixel_mean": cfg.MODEL.PIXEL_MEAN,
+            "pixel_std": cfg.MODEL.PIXEL_STD,
+        }
 
     def features(self, batched_inputs):
         images = [(x["image"].float() - self.pixel_mean) / self.pixel_std for x in batched_inputs]

@@ -1,14 +1,8 @@
 """Backbones: a ResNet/ResNeXt body and FPN, selected through BACKBONE_REGISTRY."""
 from .backbone import Backbone
 from .build import BACKBONE_REGISTRY, build_backbone
-from .fpn import (
-    FPN,
-    LastLevelMaxPool,
-    LastLevelP6P7,
-    build_resnet_fpn_backbone,
-    build_retinanet_resnet_fpn_backbone,
-)
-from .resnet import BasicBlock, BasicStem, BottleneckBlock, ResNet, build_resnet_backbone
+from .fpn import FPN, LastLevelMaxPool, LastLevelP6P7, RetinaNetFPN, build_top_block
+from .resnet import BasicBlock, BasicStem, BottleneckBlock, ResNet
 
 __all__ = [
     "BACKBONE_REGISTRY",
@@ -20,8 +14,7 @@ __all__ = [
     "LastLevelMaxPool",
     "LastLevelP6P7",
     "ResNet",
+    "RetinaNetFPN",
     "build_backbone",
-    "build_resnet_backbone",
-    "build_resnet_fpn_backbone",
-    "build_retinanet_resnet_fpn_backbone",
+    "build_top_block",
 ]

@@ -1,4 +1,4 @@
-"""BACKBONE_REGISTRY and build_backbone: pick a backbone builder by its config name."""
+"""BACKBONE_REGISTRY and build_backbone: pick a backbone class by its config name."""
 from detcore.layers.shape_spec import ShapeSpec
 from detcore.utils.registry import Registry
 
@@ -6,9 +6,8 @@ from .backbone import Backbone
 
 __all__ = ["BACKBONE_REGISTRY", "build_backbone"]
 
-# Backbone builders: functions f(cfg, input_shape) -> Backbone, selected by
-# cfg.MODEL.BACKBONE.NAME.
-BACKBONE_REGISTRY = Registry("BACKBONE")
+# Backbones: `from_config(cfg, input_shape)` gets the ShapeSpec of the input images.
+BACKBONE_REGISTRY = Registry("BACKBONE", "MODEL.BACKBONE.NAME")
 
 
 def build_backbone(cfg, input_shape=None):
@@ -19,11 +18,10 @@ def build_backbone(cfg, input_shape=None):
     """
     if input_shape is None:
         input_shape = ShapeSpec(channels=len(cfg.MODEL.PIXEL_MEAN))
-    builder = BACKBONE_REGISTRY.get(cfg.MODEL.BACKBONE.NAME)
-    backbone = builder(cfg, input_shape)
+    backbone = BACKBONE_REGISTRY.build(cfg, input_shape)
     if not isinstance(backbone, Backbone):
         raise TypeError(
-            f"backbone builder '{cfg.MODEL.BACKBONE.NAME}' returned {type(backbone).__name__}, "
+            f"backbone '{cfg.MODEL.BACKBONE.NAME}' built a {type(backbone).__name__}, "
             "expected a detcore.modeling.backbone.Backbone"
         )
     return backbone

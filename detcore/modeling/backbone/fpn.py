@@ -18,16 +18,21 @@ from torch import nn
 from detcore.layers.batch_norm import get_norm
 from detcore.layers.conv import Conv2d, c2_xavier_fill
 
+from detcore.config.choices import FPN_FUSE_TYPES, FPN_TOP_BLOCKS
+from detcore.utils.registry import build_from_config
+
 from .backbone import Backbone
 from .build import BACKBONE_REGISTRY
-from .resnet import build_resnet_backbone
+from .resnet import ResNet
 
 __all__ = [
     "FPN",
+    "FPN_FUSE_TYPES",
+    "FPN_TOP_BLOCKS",
     "LastLevelMaxPool",
     "LastLevelP6P7",
-    "build_resnet_fpn_backbone",
-    "build_retinanet_resnet_fpn_backbone",
+    "RetinaNetFPN",
+    "build_top_block",
 ]
 
 
@@ -64,8 +69,9 @@ class LastLevelP6P7(nn.Module):
         return [p6, self.p7(F.relu(p6))]
 
 
+@BACKBONE_REGISTRY.register()
 class FPN(Backbone):
-    """FPN over `bottom_up` (a Backbone).
+    """FPN over `bottom_up` (a Backbone; from a config, the ResNet of MODEL.RESNETS).
 
     Args:
         bottom_up: backbone whose outputs include `in_features`.
@@ -84,8 +90,8 @@ class FPN(Backbone):
         super().__init__()
         if not isinstance(bottom_up, Backbone):
             raise TypeError(f"FPN: bottom_up must be a Backbone, got {type(bottom_up).__name__}")
-        if fuse_type not in ("sum", "avg"):
-            raise ValueError(f"FPN: fuse_type must be 'sum' or 'avg', got '{fuse_type}'")
+        if fuse_type not in FPN_FUSE_TYPES:
+            raise ValueError(f"FPN: fuse_type must be one of {list(FPN_FUSE_TYPES)}, got {fuse_type!r}")
         in_features = list(in_features)
         input_shapes = bottom_up.output_shape()
         missing = [f for f in in_features if f not in input_shapes]
@@ -157,6 +163,19 @@ class FPN(Backbone):
         self._out_feature_channels = {name: out_channels for name in self._out_features}
         self._size_divisibility = strides[-1]
 
+    @classmethod
+    def from_config(cls, cfg, input_shape):
+        bottom_up = build_from_config(ResNet, cfg, input_shape)
+        fpn = cfg.MODEL.FPN
+        return {
+            "bottom_up": bottom_up,
+            "in_features": fpn.IN_FEATURES,
+            "out_channels": fpn.OUT_CHANNELS,
+            "norm": fpn.NORM,
+            "top_block": build_top_block(fpn.TOP_BLOCK, bottom_up.output_shape(), fpn.OUT_CHANNELS),
+            "fuse_type": fpn.FUSE_TYPE,
+        }
+
     @property
     def size_divisibility(self):
         return self._size_divisibility
@@ -186,42 +205,32 @@ class FPN(Backbone):
         return dict(zip(self._out_features, results))
 
 
-def _build_resnet_fpn(cfg, input_shape, top_block_name):
-    bottom_up = build_resnet_backbone(cfg, input_shape)
-    out_channels = cfg.MODEL.FPN.OUT_CHANNELS
-    if top_block_name == "maxpool":
-        top_block = LastLevelMaxPool()
-    elif top_block_name == "p6p7":
-        shapes = bottom_up.output_shape()
-        if "res5" not in shapes:
-            raise ValueError(
-                "FPN top block 'p6p7' is computed from res5: add it to MODEL.RESNETS.OUT_FEATURES"
-            )
-        top_block = LastLevelP6P7(shapes["res5"].channels, out_channels, in_feature="res5")
-    elif top_block_name in ("", "none"):
-        top_block = None
-    else:
-        raise ValueError(
-            f"MODEL.FPN.TOP_BLOCK must be 'maxpool', 'p6p7' or '' (none), got '{top_block_name}'"
-        )
-    return FPN(
-        bottom_up,
-        cfg.MODEL.FPN.IN_FEATURES,
-        out_channels,
-        norm=cfg.MODEL.FPN.NORM,
-        top_block=top_block,
-        fuse_type=cfg.MODEL.FPN.FUSE_TYPE,
-    )
+def build_top_block(name, bottom_up_shapes, out_channels):
+    """The FPN's extra levels by name: "maxpool" (P6 from P5, Faster/Mask R-CNN), "p6p7" (P6/P7
+    from C5, RetinaNet) or "" / "none" (no extra level)."""
+    if name == "maxpool":
+        return LastLevelMaxPool()
+    if name == "p6p7":
+        if "res5" not in bottom_up_shapes:
+            raise ValueError("FPN top block 'p6p7' is computed from res5: add it to MODEL.RESNETS.OUT_FEATURES")
+        return LastLevelP6P7(bottom_up_shapes["res5"].channels, out_channels, in_feature="res5")
+    if name in ("", "none"):
+        return None
+    raise ValueError(f"MODEL.FPN.TOP_BLOCK must be one of {list(FPN_TOP_BLOCKS)}, got {name!r}")
 
 
 @BACKBONE_REGISTRY.register()
-def build_resnet_fpn_backbone(cfg, input_shape):
-    """ResNet + FPN; the extra levels come from cfg.MODEL.FPN.TOP_BLOCK ("maxpool": P6 from P5
-    for Faster/Mask R-CNN; "p6p7": P6/P7 from C5; "": none)."""
-    return _build_resnet_fpn(cfg, input_shape, cfg.MODEL.FPN.TOP_BLOCK)
+class RetinaNetFPN(FPN):
+    """ResNet + FPN with RetinaNet's P6/P7 from C5, whatever MODEL.FPN.TOP_BLOCK says: the
+    FPN's rule with one argument overridden."""
+
+    @classmethod
+    def from_config(cls, cfg, input_shape):
+        args = super().from_config(cfg, input_shape)
+        args["top_block"] = build_top_block("p6p7", args["bottom_up"].output_shape(), cfg.MODEL.FPN.OUT_CHANNELS)
+        return args
 
 
-@BACKBONE_REGISTRY.register()
-def build_retinanet_resnet_fpn_backbone(cfg, input_shape):
-    """ResNet + FPN with RetinaNet's P6/P7 from C5, whatever cfg.MODEL.FPN.TOP_BLOCK says."""
-    return _build_resnet_fpn(cfg, input_shape, "p6p7")
+# detectron2's names for the same backbones, so its configs select them unchanged.
+BACKBONE_REGISTRY.register_alias("build_resnet_fpn_backbone", "FPN")
+BACKBONE_REGISTRY.register_alias("build_retinanet_resnet_fpn_backbone", "RetinaNetFPN")

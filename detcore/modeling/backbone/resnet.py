@@ -30,7 +30,7 @@ from detcore.layers.conv import c2_msra_fill, conv_norm
 from .backbone import Backbone
 from .build import BACKBONE_REGISTRY
 
-__all__ = ["BasicBlock", "BottleneckBlock", "BasicStem", "ResNet", "build_resnet_backbone"]
+__all__ = ["BasicBlock", "BottleneckBlock", "BasicStem", "ResNet"]
 
 # Blocks per stage (res2, res3, res4, res5) for each depth.
 _BLOCKS_PER_STAGE = {
@@ -167,6 +167,7 @@ class BasicStem(nn.Module):
         return self.maxpool(F.relu_(conv_norm(self.conv1, self.bn1, x)))
 
 
+@BACKBONE_REGISTRY.register()
 class ResNet(Backbone):
     """ResNet / ResNeXt body returning a dict of the features named in `out_features`.
 
@@ -280,6 +281,24 @@ class ResNet(Backbone):
         self._init_weights(zero_init_residual)
         self.freeze(freeze_at)
 
+    @classmethod
+    def from_config(cls, cfg, input_shape):
+        """The body of cfg.MODEL.RESNETS.* frozen up to cfg.MODEL.BACKBONE.FREEZE_AT."""
+        r = cfg.MODEL.RESNETS
+        return {
+            "depth": r.DEPTH,
+            "in_channels": input_shape.channels,
+            "out_features": r.OUT_FEATURES,
+            "num_groups": r.NUM_GROUPS,
+            "width_per_group": r.WIDTH_PER_GROUP,
+            "stem_out_channels": r.STEM_OUT_CHANNELS,
+            "res2_out_channels": r.RES2_OUT_CHANNELS,
+            "stride_in_1x1": r.STRIDE_IN_1X1,
+            "norm": r.NORM,
+            "res5_dilation": r.RES5_DILATION,
+            "freeze_at": cfg.MODEL.BACKBONE.FREEZE_AT,
+        }
+
     def _init_weights(self, zero_init_residual):
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
@@ -322,20 +341,5 @@ class ResNet(Backbone):
         return outputs
 
 
-@BACKBONE_REGISTRY.register()
-def build_resnet_backbone(cfg, input_shape):
-    """ResNet body from cfg.MODEL.RESNETS.* and cfg.MODEL.BACKBONE.FREEZE_AT."""
-    r = cfg.MODEL.RESNETS
-    return ResNet(
-        depth=r.DEPTH,
-        in_channels=input_shape.channels,
-        out_features=r.OUT_FEATURES,
-        num_groups=r.NUM_GROUPS,
-        width_per_group=r.WIDTH_PER_GROUP,
-        stem_out_channels=r.STEM_OUT_CHANNELS,
-        res2_out_channels=r.RES2_OUT_CHANNELS,
-        stride_in_1x1=r.STRIDE_IN_1X1,
-        norm=r.NORM,
-        res5_dilation=r.RES5_DILATION,
-        freeze_at=cfg.MODEL.BACKBONE.FREEZE_AT,
-    )
+# detectron2's name for the same backbone, so its configs select it unchanged.
+BACKBONE_REGISTRY.register_alias("build_resnet_backbone", "ResNet")

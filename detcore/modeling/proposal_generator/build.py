@@ -6,18 +6,12 @@ from detcore.utils.registry import Registry
 
 __all__ = ["PROPOSAL_GENERATOR_REGISTRY", "build_proposal_generator"]
 
-# Proposal generators: classes with a from_config(cfg, input_shape) classmethod, selected by
-# cfg.MODEL.PROPOSAL_GENERATOR.NAME (default "RPN" when the config has no such key).
-PROPOSAL_GENERATOR_REGISTRY = Registry("PROPOSAL_GENERATOR")
+# Proposal generators: `from_config(cfg, input_shape)` gets the backbone's feature name ->
+# ShapeSpec dict (a generator picks the levels it reads itself).
+PROPOSAL_GENERATOR_REGISTRY = Registry("PROPOSAL_GENERATOR", "MODEL.PROPOSAL_GENERATOR.NAME")
 
 
 def build_proposal_generator(cfg, input_shape: Dict[str, ShapeSpec]):
-    """Build the proposal generator for backbone outputs described by ``input_shape``
-    (feature name -> ShapeSpec; it picks the levels it reads itself)."""
-    node = cfg.MODEL.get("PROPOSAL_GENERATOR", None)
-    name = node.get("NAME", "RPN") if node is not None else "RPN"
-    # Importing here registers the built-in generators without an import cycle (rpn.py imports
-    # this module for the registry).
-    from . import rpn  # noqa: F401
-
-    return PROPOSAL_GENERATOR_REGISTRY.get(name).from_config(cfg, input_shape)
+    """The proposal generator named by cfg.MODEL.PROPOSAL_GENERATOR.NAME for backbone outputs
+    described by ``input_shape`` (importing the package registers the built-in ones)."""
+    return PROPOSAL_GENERATOR_REGISTRY.build(cfg, input_shape)

@@ -14,6 +14,7 @@ from torch import nn
 from detcore.layers import batched_nms
 from detcore.layers.shape_spec import ShapeSpec
 from detcore.structures import Boxes, ImageList, Instances, pairwise_iou
+from detcore.config.choices import BOX_REG_LOSS_TYPES, RPN_LOSS_NORMALIZERS
 
 from ..anchor_generator import build_anchor_generator
 from ..box_regression import Box2BoxTransform, box_regression_loss, giou_loss
@@ -161,16 +162,16 @@ class RPN(nn.Module):
                 f"RPN: loss_weight dict needs keys loss_rpn_cls and loss_rpn_loc, got {sorted(loss_weight)}"
             )
         self.loss_weight = dict(loss_weight)
-        if box_reg_loss_type not in ("smooth_l1", "l1", "giou"):
-            raise ValueError(f"RPN: box_reg_loss_type must be 'smooth_l1', 'l1' or 'giou', got {box_reg_loss_type!r}")
+        if box_reg_loss_type not in BOX_REG_LOSS_TYPES:
+            raise ValueError(f"RPN: box_reg_loss_type must be one of {list(BOX_REG_LOSS_TYPES)}, got {box_reg_loss_type!r}")
         self.box_reg_loss_type = box_reg_loss_type
         self.smooth_l1_beta = float(smooth_l1_beta)
-        if loss_normalizer not in ("batch_size", "num_sampled"):
-            raise ValueError(f"RPN: loss_normalizer must be 'batch_size' or 'num_sampled', got {loss_normalizer!r}")
+        if loss_normalizer not in RPN_LOSS_NORMALIZERS:
+            raise ValueError(f"RPN: loss_normalizer must be one of {list(RPN_LOSS_NORMALIZERS)}, got {loss_normalizer!r}")
         self.loss_normalizer = loss_normalizer
 
     @classmethod
-    def from_config(cls, cfg, input_shape: Dict[str, ShapeSpec]) -> "RPN":
+    def from_config(cls, cfg, input_shape: Dict[str, ShapeSpec]):
         rpn = cfg.MODEL.RPN
         missing = [f for f in rpn.IN_FEATURES if f not in input_shape]
         if missing:
@@ -179,26 +180,26 @@ class RPN(nn.Module):
                 f"(it has {sorted(input_shape)})"
             )
         shapes = [input_shape[f] for f in rpn.IN_FEATURES]
-        return cls(
-            in_features=rpn.IN_FEATURES,
-            head=build_rpn_head(cfg, shapes),
-            anchor_generator=build_anchor_generator(cfg, shapes),
-            anchor_matcher=Matcher(
+        return {
+            "in_features": rpn.IN_FEATURES,
+            "head": build_rpn_head(cfg, shapes),
+            "anchor_generator": build_anchor_generator(cfg, shapes),
+            "anchor_matcher": Matcher(
                 rpn.IOU_THRESHOLDS, rpn.IOU_LABELS, allow_low_quality_matches=rpn.ALLOW_LOW_QUALITY_MATCHES
             ),
-            box2box_transform=Box2BoxTransform(weights=rpn.BBOX_REG_WEIGHTS),
-            batch_size_per_image=rpn.BATCH_SIZE_PER_IMAGE,
-            positive_fraction=rpn.POSITIVE_FRACTION,
-            pre_nms_topk=(rpn.PRE_NMS_TOPK_TRAIN, rpn.PRE_NMS_TOPK_TEST),
-            post_nms_topk=(rpn.POST_NMS_TOPK_TRAIN, rpn.POST_NMS_TOPK_TEST),
-            nms_thresh=rpn.NMS_THRESH,
-            min_box_size=rpn.MIN_SIZE,
-            anchor_boundary_thresh=rpn.BOUNDARY_THRESH,
-            loss_weight=rpn.LOSS_WEIGHT,
-            box_reg_loss_type=rpn.BBOX_REG_LOSS_TYPE,
-            smooth_l1_beta=rpn.SMOOTH_L1_BETA,
-            loss_normalizer=rpn.LOSS_NORMALIZER,
-        )
+            "box2box_transform": Box2BoxTransform(weights=rpn.BBOX_REG_WEIGHTS),
+            "batch_size_per_image": rpn.BATCH_SIZE_PER_IMAGE,
+            "positive_fraction": rpn.POSITIVE_FRACTION,
+            "pre_nms_topk": (rpn.PRE_NMS_TOPK_TRAIN, rpn.PRE_NMS_TOPK_TEST),
+            "post_nms_topk": (rpn.POST_NMS_TOPK_TRAIN, rpn.POST_NMS_TOPK_TEST),
+            "nms_thresh": rpn.NMS_THRESH,
+            "min_box_size": rpn.MIN_SIZE,
+            "anchor_boundary_thresh": rpn.BOUNDARY_THRESH,
+            "loss_weight": rpn.LOSS_WEIGHT,
+            "box_reg_loss_type": rpn.BBOX_REG_LOSS_TYPE,
+            "smooth_l1_beta": rpn.SMOOTH_L1_BETA,
+            "loss_normalizer": rpn.LOSS_NORMALIZER,
+        }
 
     # --- training targets ---------------------------------------------------------------------
     @torch.no_grad()

@@ -12,9 +12,8 @@ from ..anchor_generator import build_anchor_generator
 
 __all__ = ["RPN_HEAD_REGISTRY", "StandardRPNHead", "build_rpn_head"]
 
-# RPN heads: classes with a from_config(cfg, input_shapes) classmethod, selected by
-# cfg.MODEL.RPN.HEAD_NAME.
-RPN_HEAD_REGISTRY = Registry("RPN_HEAD")
+# RPN heads: `from_config(cfg, input_shapes)` gets one ShapeSpec per RPN input level.
+RPN_HEAD_REGISTRY = Registry("RPN_HEAD", "MODEL.RPN.HEAD_NAME")
 
 
 @RPN_HEAD_REGISTRY.register()
@@ -47,7 +46,7 @@ class StandardRPNHead(nn.Module):
             nn.init.constant_(layer.bias, 0.0)
 
     @classmethod
-    def from_config(cls, cfg, input_shapes: Sequence[ShapeSpec]) -> "StandardRPNHead":
+    def from_config(cls, cfg, input_shapes: Sequence[ShapeSpec]):
         channels = {s.channels for s in input_shapes}
         if len(channels) != 1:
             raise ValueError(f"StandardRPNHead: every RPN input level needs the same channels, got {sorted(channels)}")
@@ -58,7 +57,7 @@ class StandardRPNHead(nn.Module):
                 "StandardRPNHead: every level needs the same number of anchors per location, got "
                 f"{sorted(num_anchors)}; check MODEL.ANCHOR_GENERATOR.SIZES / ASPECT_RATIOS"
             )
-        return cls(in_channels=channels.pop(), num_anchors=num_anchors.pop())
+        return {"in_channels": channels.pop(), "num_anchors": num_anchors.pop()}
 
     def forward(self, features: List[torch.Tensor]) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
         """Args:
@@ -82,4 +81,4 @@ class StandardRPNHead(nn.Module):
 
 def build_rpn_head(cfg, input_shapes: Sequence[ShapeSpec]) -> nn.Module:
     """Build the head named by cfg.MODEL.RPN.HEAD_NAME for the RPN's input levels."""
-    return RPN_HEAD_REGISTRY.get(cfg.MODEL.RPN.HEAD_NAME).from_config(cfg, input_shapes)
+    return RPN_HEAD_REGISTRY.build(cfg, input_shapes)

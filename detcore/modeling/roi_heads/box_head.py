@@ -10,10 +10,10 @@ from detcore.utils.registry import Registry
 
 __all__ = ["ROI_BOX_HEAD_REGISTRY", "FastRCNNConvFCHead", "build_box_head"]
 
-# Box heads: classes with `from_config(cfg, input_shape) -> kwargs` (or callables
-# f(cfg, input_shape)), selected by cfg.MODEL.ROI_BOX_HEAD.NAME. They take the pooled
-# [R, C, S, S] features and expose `output_shape` (a ShapeSpec) for the predictor.
-ROI_BOX_HEAD_REGISTRY = Registry("ROI_BOX_HEAD")
+# Box heads: `from_config(cfg, input_shape)` returns the constructor arguments (the one rule of
+# detcore.utils.registry). They take the pooled [R, C, S, S] features and expose `output_shape` (a
+# ShapeSpec) for the predictor.
+ROI_BOX_HEAD_REGISTRY = Registry("ROI_BOX_HEAD", "MODEL.ROI_BOX_HEAD.NAME")
 
 
 @ROI_BOX_HEAD_REGISTRY.register()
@@ -95,7 +95,4 @@ class FastRCNNConvFCHead(nn.Sequential):
 
 def build_box_head(cfg, input_shape: ShapeSpec) -> nn.Module:
     """Build the box head named by cfg.MODEL.ROI_BOX_HEAD.NAME for pooled features of `input_shape`."""
-    head = ROI_BOX_HEAD_REGISTRY.get(cfg.MODEL.ROI_BOX_HEAD.NAME)
-    if hasattr(head, "from_config"):
-        return head(**head.from_config(cfg, input_shape))
-    return head(cfg, input_shape)
+    return ROI_BOX_HEAD_REGISTRY.build(cfg, input_shape)

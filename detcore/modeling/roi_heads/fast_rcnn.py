@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from detcore.config.choices import BOX_REG_LOSS_TYPES
 from detcore.layers import ShapeSpec, batched_nms
 from detcore.structures import Boxes, Instances
 from detcore.utils.registry import Registry
 
-from ..box_regression import Box2BoxTransform, box_regression_loss
+from ..box_regression import Box2BoxTransform, box_regression_loss, giou_loss
 
 __all__ = [
     "ROI_BOX_PREDICTOR_REGISTRY",
@@ -24,10 +25,10 @@ __all__ = [
     "fast_rcnn_inference_single_image",
 ]
 
-# Box predictors: classes with `from_config(cfg, input_shape) -> kwargs` (or callables
-# f(cfg, input_shape)), selected by cfg.MODEL.ROI_BOX_HEAD.PREDICTOR_NAME. They map box-head
-# features to (scores, deltas) and own the losses and inference of the box branch.
-ROI_BOX_PREDICTOR_REGISTRY = Registry("ROI_BOX_PREDICTOR")
+# Box predictors: `from_config(cfg, input_shape)` returns the constructor arguments (the one rule
+# of detcore.utils.registry). They map box-head features to (scores, deltas) and own the losses
+# and inference of the box branch.
+ROI_BOX_PREDICTOR_REGISTRY = Registry("ROI_BOX_PREDICTOR", "MODEL.ROI_BOX_HEAD.PREDICTOR_NAME")
 
 
 def fast_rcnn_inference(
@@ -142,7 +143,7 @@ class FastRCNNOutputLayers(nn.Module):
             settings (see `fast_rcnn_inference`).
         cls_agnostic_bbox_reg: one box per ROI instead of one per class.
         smooth_l1_beta: beta of the smooth-L1 box loss (0: L1).
-        box_reg_loss_type: "smooth_l1" or "l1".
+        box_reg_loss_type: "smooth_l1" or "l1" (on the deltas), or "giou" (on the decoded boxes).
         loss_weight: a float for both losses, or a dict {"loss_cls": w, "loss_box_reg": w}.
     """
 
@@ -166,9 +167,10 @@ class FastRCNNOutputLayers(nn.Module):
             input_shape = ShapeSpec(channels=input_shape)
         if num_classes < 1:
             raise ValueError(f"FastRCNNOutputLayers: num_classes must be >= 1, got {num_classes}")
-        if box_reg_loss_type not in ("smooth_l1", "l1"):
+        if box_reg_loss_type not in BOX_REG_LOSS_TYPES:
             raise ValueError(
-                f"FastRCNNOutputLayers: box_reg_loss_type must be 'smooth_l1' or 'l1', got {box_reg_loss_type!r}"
+                f"FastRCNNOutputLayers: box_reg_loss_type must be one of {list(BOX_REG_LOSS_TYPES)}, "
+                f"got {box_reg_loss_type!r}"
             )
         input_size = input_shape.channels * (input_shape.height or 1) * (input_shape.width or 1)
         self.num_classes = int(num_classes)
@@ -257,10 +259,14 @@ class FastRCNNOutputLayers(nn.Module):
             fg_deltas = pred_deltas[fg]
         else:
             fg_deltas = pred_deltas.view(-1, self.num_classes, 4)[fg, gt_classes[fg]]
-        target = self.box2box_transform.get_deltas(proposal_boxes[fg], gt_boxes[fg])
         # In float32 (at least): under AMP the deltas are half precision, the targets need not be.
         fg_deltas = fg_deltas.to(torch.promote_types(fg_deltas.dtype, torch.float32))
-        loss = box_regression_loss(fg_deltas, target.to(fg_deltas.dtype), self.box_reg_loss_type, self.smooth_l1_beta)
+        if self.box_reg_loss_type == "giou":
+            pred_boxes = self.box2box_transform.apply_deltas(fg_deltas, proposal_boxes[fg].to(fg_deltas.dtype))
+            loss = giou_loss(pred_boxes, gt_boxes[fg].to(fg_deltas.dtype))
+        else:
+            target = self.box2box_transform.get_deltas(proposal_boxes[fg], gt_boxes[fg])
+            loss = box_regression_loss(fg_deltas, target.to(fg_deltas.dtype), self.box_reg_loss_type, self.smooth_l1_beta)
         # sum() * 0 of the deltas keeps the graph (and DDP) intact when there is no foreground.
         return loss / max(gt_classes.numel(), 1) + pred_deltas.sum() * 0.0
 
@@ -302,7 +308,4 @@ class FastRCNNOutputLayers(nn.Module):
 
 def build_box_predictor(cfg, input_shape: ShapeSpec) -> nn.Module:
     """Build the predictor named by cfg.MODEL.ROI_BOX_HEAD.PREDICTOR_NAME on the box head's output."""
-    predictor = ROI_BOX_PREDICTOR_REGISTRY.get(cfg.MODEL.ROI_BOX_HEAD.PREDICTOR_NAME)
-    if hasattr(predictor, "from_config"):
-        return predictor(**predictor.from_config(cfg, input_shape))
-    return predictor(cfg, input_shape)
+    return ROI_BOX_PREDICTOR_REGISTRY.build(cfg, input_shape)

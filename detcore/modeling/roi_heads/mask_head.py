@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from detcore.layers import Conv2d, ShapeSpec, c2_msra_fill, get_norm, roi_align
 from detcore.structures import BitMasks, Instances, PolygonMasks
 from detcore.utils.registry import Registry
+from detcore.config.choices import MASK_TARGET_MODES
 
 __all__ = [
     "ROI_MASK_HEAD_REGISTRY",
@@ -22,13 +23,13 @@ __all__ = [
     "mask_rcnn_inference",
 ]
 
-# Mask heads: classes with `from_config(cfg, input_shape) -> kwargs` (or callables
-# f(cfg, input_shape)), selected by cfg.MODEL.ROI_MASK_HEAD.NAME. forward(x, instances)
-# returns {"loss_mask": ...} in training and the instances with `pred_masks` in eval.
-ROI_MASK_HEAD_REGISTRY = Registry("ROI_MASK_HEAD")
+# Mask heads: `from_config(cfg, input_shape)` returns the constructor arguments (the one rule of
+# detcore.utils.registry). forward(x, instances) returns {"loss_mask": ...} in training and the
+# instances with `pred_masks` in eval.
+ROI_MASK_HEAD_REGISTRY = Registry("ROI_MASK_HEAD", "MODEL.ROI_MASK_HEAD.NAME")
 
 
-_TARGET_MODES = ("aligned", "torchvision")
+_TARGET_MODES = MASK_TARGET_MODES
 # ROIs whose full-image float bitmaps are made at once in "torchvision" target mode.
 _TORCHVISION_TARGET_CHUNK = 16
 
@@ -215,7 +216,4 @@ class MaskRCNNConvUpsampleHead(nn.Sequential):
 
 def build_mask_head(cfg, input_shape: ShapeSpec) -> nn.Module:
     """Build the mask head named by cfg.MODEL.ROI_MASK_HEAD.NAME for pooled features of `input_shape`."""
-    head = ROI_MASK_HEAD_REGISTRY.get(cfg.MODEL.ROI_MASK_HEAD.NAME)
-    if hasattr(head, "from_config"):
-        return head(**head.from_config(cfg, input_shape))
-    return head(cfg, input_shape)
+    return ROI_MASK_HEAD_REGISTRY.build(cfg, input_shape)

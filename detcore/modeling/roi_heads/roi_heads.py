@@ -30,10 +30,9 @@ __all__ = [
     "select_foreground_proposals",
 ]
 
-# ROI heads: classes with `from_config(cfg, input_shape) -> kwargs` (or callables
-# f(cfg, input_shape)), selected by cfg.MODEL.ROI_HEADS.NAME; `input_shape` maps feature
-# names to ShapeSpec.
-ROI_HEADS_REGISTRY = Registry("ROI_HEADS")
+# ROI heads: `from_config(cfg, input_shape)` returns the constructor arguments (the one rule of
+# detcore.utils.registry); `input_shape` maps feature names to ShapeSpec.
+ROI_HEADS_REGISTRY = Registry("ROI_HEADS", "MODEL.ROI_HEADS.NAME")
 
 # The objectness logit given to GT boxes added as proposals: sigmoid(logit) = 1 - 1e-10, i.e. "as
 # sure as a proposal can be", and finite.
@@ -278,7 +277,4 @@ class StandardROIHeads(nn.Module):
 
 def build_roi_heads(cfg, input_shape: Dict[str, ShapeSpec]) -> nn.Module:
     """Build the ROI heads named by cfg.MODEL.ROI_HEADS.NAME on features described by `input_shape`."""
-    heads = ROI_HEADS_REGISTRY.get(cfg.MODEL.ROI_HEADS.NAME)
-    if hasattr(heads, "from_config"):
-        return heads(**heads.from_config(cfg, input_shape))
-    return heads(cfg, input_shape)
+    return ROI_HEADS_REGISTRY.build(cfg, input_shape)

@@ -21,25 +21,31 @@ class _TinyBackbone(Backbone):
         self._out_feature_channels = {"c1": 8}
         self._out_feature_strides = {"c1": 2}
 
+    @classmethod
+    def from_config(cls, cfg, input_shape):
+        return {"in_channels": input_shape.channels}
+
     def forward(self, x):
         return {"c1": self.conv(x)}
 
 
-@BACKBONE_REGISTRY.register(name="_test_tiny_backbone")
-def _build_tiny(cfg, input_shape):
-    return _TinyBackbone(input_shape.channels)
+BACKBONE_REGISTRY.register(_TinyBackbone, name="_test_tiny_backbone")
 
 
 @BACKBONE_REGISTRY.register(name="_test_not_a_backbone")
-def _build_not_a_backbone(cfg, input_shape):
-    return nn.Conv2d(input_shape.channels, 8, 1)
+class _NotABackbone(nn.Conv2d):
+    @classmethod
+    def from_config(cls, cfg, input_shape):
+        return {"in_channels": input_shape.channels, "out_channels": 8, "kernel_size": 1}
 
 
-BUILTIN = [
-    "build_resnet_backbone",
-    "build_resnet_fpn_backbone",
-    "build_retinanet_resnet_fpn_backbone",
-]
+BUILTIN = ["ResNet", "FPN", "RetinaNetFPN"]
+# detectron2's builder names select the same classes.
+DETECTRON2_NAMES = {
+    "build_resnet_backbone": "ResNet",
+    "build_resnet_fpn_backbone": "FPN",
+    "build_retinanet_resnet_fpn_backbone": "RetinaNetFPN",
+}
 
 
 def test_shape_spec():
@@ -52,9 +58,18 @@ def test_shape_spec():
     assert {spec: 1}[ShapeSpec(256, stride=8)] == 1  # hashable
 
 
-def test_builtin_builders_are_registered():
+def test_builtin_backbones_are_registered():
     for name in BUILTIN:
         assert name in BACKBONE_REGISTRY
+    for alias, name in DETECTRON2_NAMES.items():
+        assert BACKBONE_REGISTRY.get(alias) is BACKBONE_REGISTRY.get(name)
+    assert BACKBONE_REGISTRY.names() == sorted(BUILTIN + ["_test_not_a_backbone", "_test_tiny_backbone"])
+
+
+def test_registering_a_builder_function_is_refused():
+    with pytest.raises(TypeError, match="must be a class with a from_config classmethod"):
+        BACKBONE_REGISTRY.register(lambda cfg, shape: None, name="_test_function")
+    assert "_test_function" not in BACKBONE_REGISTRY
 
 
 def test_custom_backbone_through_the_registry():
@@ -82,7 +97,7 @@ def test_typo_lists_registered_names():
 def test_builder_must_return_a_backbone():
     cfg = get_cfg()
     cfg.MODEL.BACKBONE.NAME = "_test_not_a_backbone"
-    with pytest.raises(TypeError, match=r"returned Conv2d, expected a detcore\.modeling\."):
+    with pytest.raises(TypeError, match=r"built a _NotABackbone, expected a detcore\.modeling\."):
         build_backbone(cfg)
 
 

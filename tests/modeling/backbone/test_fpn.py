@@ -162,7 +162,7 @@ def test_init_is_kaiming_uniform_a1_with_zero_bias():
         (["res4", "res3"], {}, "must double"),
         (["res2", "res6"], {}, "in_features must be"),
         ([], {}, "in_features must be"),
-        (["res2", "res3"], dict(fuse_type="max"), "fuse_type must be 'sum' or 'avg'"),
+        (["res2", "res3"], dict(fuse_type="max"), r"fuse_type must be one of \['sum', 'avg'\]"),
         (["res3", "res4"], dict(top_block=LastLevelMaxPool("p7")), "top_block.in_feature 'p7'"),
         (["res3", "res4"], dict(top_block=LastLevelP6P7(256, 32)), "expects 256 input channels"),
     ],

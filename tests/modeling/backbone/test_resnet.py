@@ -279,7 +279,7 @@ def test_bad_input_raises():
 
 def test_build_resnet_backbone_from_config():
     cfg = get_cfg()
-    cfg.MODEL.BACKBONE.NAME = "build_resnet_backbone"
+    cfg.MODEL.BACKBONE.NAME = "ResNet"
     cfg.MODEL.BACKBONE.FREEZE_AT = 2
     cfg.MODEL.RESNETS.DEPTH = 18
     cfg.MODEL.RESNETS.RES2_OUT_CHANNELS = 64
@@ -301,7 +301,7 @@ def test_build_resnet_backbone_from_config():
 
 def test_build_defaults_are_the_detection_r50():
     cfg = get_cfg()
-    cfg.MODEL.BACKBONE.NAME = "build_resnet_backbone"
+    cfg.MODEL.BACKBONE.NAME = "ResNet"
     model = build_backbone(cfg)
     assert [s.channels for s in model.output_shape().values()] == [256, 512, 1024, 2048]
     assert model.res3[0].conv1.stride == (2, 2)  # MSRA default: stride in the 1×1
