@@ -41,7 +41,6 @@ logger = logging.getLogger(__name__)
 LAST_CHECKPOINT_FILE = "last_checkpoint"
 
 
-
 # --- atomic writes --------------------------------------------------------------------------------
 def _fsync_dir(path: str) -> None:
     # The rename itself must reach the disk too, or a power loss can undo it.
@@ -113,7 +112,7 @@ def load_model_weights(model: nn.Module, path: str, *, strict: bool = False) -> 
     copied; the rest are listed in the report, whose table is logged (a warning when anything
     did not load). ``strict=True`` raises ``ValueError`` instead of loading partially.
     """
-    model = _unwrap(model)
+    model = comm.unwrap_model(model)
     usable, report = load_converted_state_dict(path, model)
     if strict and not report.complete:
         raise ValueError(f"The weights in {path!r} do not match the model:\n{report.table()}")
@@ -123,10 +122,6 @@ def load_model_weights(model: nn.Module, path: str, *, strict: bool = False) -> 
     else:
         logger.warning("%s\n%s", report.summary(), report.table())
     return report
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
 # --- the trainer's checkpointer -------------------------------------------------------------------
@@ -149,7 +144,7 @@ class Checkpointer:
         grad_scaler: Optional[Any] = None,
         save_to_disk: Optional[bool] = None,
     ):
-        self.model = _unwrap(model)
+        self.model = comm.unwrap_model(model)
         self.save_dir = save_dir
         self.optimizer = optimizer
         self.scheduler = scheduler

@@ -142,10 +142,6 @@ def create_ddp_model(model: nn.Module) -> nn.Module:
     return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
 class DefaultTrainer(TrainerBase):
     """Builds model, optimizer, schedule, data loader, checkpointer and hooks from ``cfg``.
 
@@ -202,30 +198,21 @@ class DefaultTrainer(TrainerBase):
         cfg = self.cfg
         out = cfg.OUTPUT_DIR
         main = comm.is_main_process()
-        metrics_file = os.path.join(out, METRICS_FILE)
-
-        def evaluate():
-            self.last_eval_results = self.test(cfg, _unwrap(self.model))
-            return self.last_eval_results
 
         writers = self.build_writers() if main else []
-        json_writers = [w for w in writers if isinstance(w, JSONWriter)]
-
-        def write_metrics_file():
-            for writer in json_writers:
-                writer.write()
-
+        json_writer = next((w for w in writers if isinstance(w, JSONWriter)), None)
+        checkpoint_period = cfg.SOLVER.CHECKPOINT_PERIOD
         return [
             hooks.IterationTimer(),
             hooks.LRScheduler(self.optimizer, self.scheduler),
-            # The metrics file is written before each checkpoint, so that no iteration a resumed
-            # run skips is missing from it.
-            hooks.PeriodicCheckpointer(self.checkpointer, cfg.SOLVER.CHECKPOINT_PERIOD, before_save=write_metrics_file),
+            # Before the checkpointer (see detcore.engine.hooks): no iteration a resumed run skips
+            # is missing from metrics.json.
+            hooks.PeriodicWriter(writers, cfg.LOG_PERIOD, checkpoint_period) if main else None,
+            hooks.PeriodicCheckpointer(self.checkpointer, checkpoint_period),
             # After the checkpoint: a crash while evaluating loses no training.
-            hooks.EvalHook(cfg.TEST.EVAL_PERIOD, evaluate) if cfg.DATASETS.TEST else None,
-            hooks.PeriodicWriter(writers, cfg.LOG_PERIOD) if main else None,
-            hooks.LossCurvePlotter(metrics_file, os.path.join(out, LOSS_CURVE_FILE), cfg.SOLVER.CHECKPOINT_PERIOD)
-            if main else None,
+            hooks.EvalHook(cfg.TEST.EVAL_PERIOD, lambda: self.test(cfg, self.model)) if cfg.DATASETS.TEST else None,
+            hooks.LossCurvePlotter(json_writer, os.path.join(out, LOSS_CURVE_FILE), checkpoint_period)
+            if json_writer is not None else None,
         ]
 
     def build_writers(self) -> list:
@@ -301,7 +288,7 @@ class DefaultTrainer(TrainerBase):
         for i, name in enumerate(names):
             loader = cls.build_test_loader(cfg, name)
             evaluator = evaluators[i] if evaluators is not None else cls.build_evaluator(cfg, name)
-            results[name] = inference_on_dataset(_unwrap(model), loader, evaluator)
+            results[name] = inference_on_dataset(comm.unwrap_model(model), loader, evaluator)
             if comm.is_main_process():
                 logger.info("Evaluation results of %s:\n%s", name, format_results(results[name]))
         if len(results) == 1:

@@ -130,6 +130,13 @@ class EventStorage:
 
 
 class EventWriter:
+    """Sends the storage's new scalars somewhere. ``resume_from(start_iter)`` is called once
+    before training: a writer whose output persists across runs forgets iterations >=
+    ``start_iter`` there (a resumed run redoes them)."""
+
+    def resume_from(self, start_iter: int) -> None:
+        pass
+
     def write(self) -> None:
         raise NotImplementedError
 
@@ -145,6 +152,9 @@ class JSONWriter(EventWriter):
     own for that iteration instead of being dropped. Every line is flushed and fsynced, so a run
     killed at any moment keeps all lines written before (at worst the last line is cut short;
     ``detcore.utils.plotting.read_metrics`` skips it).
+
+    ``records`` holds what the file holds since ``resume_from`` (the lines kept, then the lines
+    written), so readers such as the loss-curve plot need not read the file back.
     """
 
     def __init__(self, json_file: str, window_size: int = 20):
@@ -152,6 +162,7 @@ class JSONWriter(EventWriter):
         self._window_size = window_size
         self._floor = -1  # iterations <= this are never written (a resumed run's past)
         self._written: Dict[str, int] = {}  # scalar name -> last iteration written
+        self.records: List[dict] = []
         os.makedirs(os.path.dirname(os.path.abspath(json_file)), exist_ok=True)
         self._file = open(json_file, "a", encoding="utf-8")
 
@@ -159,7 +170,7 @@ class JSONWriter(EventWriter):
     def path(self) -> str:
         return self._path
 
-    def drop_from(self, start_iter: int) -> None:
+    def resume_from(self, start_iter: int) -> None:
         """Forget lines of iterations >= ``start_iter`` (and unreadable lines): a resumed run
         redoes those iterations, and their old values would make the curves zigzag."""
         self._file.close()
@@ -171,16 +182,17 @@ class JSONWriter(EventWriter):
                 except json.JSONDecodeError:
                     continue
                 if isinstance(record, dict) and record.get("iteration", -1) < start_iter:
-                    kept.append(json.dumps(record))
+                    kept.append(record)
         tmp = self._path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in kept))
+            f.write("".join(json.dumps(record) + "\n" for record in kept))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._path)
         self._file = open(self._path, "a", encoding="utf-8")
         self._floor = start_iter - 1
         self._written.clear()
+        self.records = kept
 
     def write(self) -> None:
         storage = get_event_storage()
@@ -191,7 +203,9 @@ class JSONWriter(EventWriter):
         if not by_iter:
             return
         for it in sorted(by_iter):
-            self._file.write(json.dumps({"iteration": it, **by_iter[it]}, sort_keys=False) + "\n")
+            record = {"iteration": it, **by_iter[it]}
+            self._file.write(json.dumps(record) + "\n")
+            self.records.append(record)
             for name in by_iter[it]:
                 self._written[name] = it
         self._file.flush()

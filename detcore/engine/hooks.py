@@ -1,17 +1,21 @@
 """The standard training hooks. ``DefaultTrainer.build_hooks`` registers them in this order:
 
-IterationTimer -> LRScheduler -> PeriodicCheckpointer -> EvalHook -> PeriodicWriter -> LossCurvePlotter
+IterationTimer -> LRScheduler -> PeriodicWriter -> PeriodicCheckpointer -> EvalHook -> LossCurvePlotter
 
-(checkpoint before evaluation, so a crash in evaluation does not cost the checkpoint; writers
-after evaluation, so evaluation results reach metrics.json in the same write; the plot after
-the writers, so it reads what they just wrote).
+The metrics flow one way: hooks put scalars into the trainer's storage; ``PeriodicWriter``, the
+only hook that runs writers, drains it into the console, metrics.json and TensorBoard; the loss
+curves are drawn from the JSON writer's in-memory records. The writer runs before the
+checkpointer and writes at every checkpoint iteration too, so a run killed right after a save
+has every iteration it will not redo in metrics.json. Checkpoint before evaluation, so a crash
+in evaluation does not cost the checkpoint; evaluation results reach the writers at their next
+write (the final evaluation's when training ends).
 """
 import datetime
 import logging
 import math
 import os
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Sequence
 
 from detcore.utils import comm
 
@@ -73,31 +77,29 @@ class LRScheduler(HookBase):
         self.scheduler.step()
 
 
+def is_checkpoint_iteration(it: int, period: int, max_iter: int) -> bool:
+    """Whether a checkpoint is saved after iteration ``it`` (0-based): every ``period``-th, and
+    the last one (``model_final``). The writer flushes at the same iterations."""
+    return (it + 1) % period == 0 or it == max_iter - 1
+
+
 class PeriodicCheckpointer(HookBase):
     """Saves ``model_<iter:07d>.pth`` after every ``period``-th iteration and ``model_final.pth``
-    when the run completes (never after a failed step). Runs on every rank (saving gathers RNG
-    states); rank 0 writes.
+    after the last one (a step that raised never reaches ``after_step``, so a failed run gets no
+    final checkpoint). Runs on every rank (saving gathers RNG states); rank 0 writes."""
 
-    ``before_save``: called first, e.g. to write the iteration's metrics: a run killed right
-    after the save resumes after this iteration, and would otherwise never log it."""
-
-    def __init__(self, checkpointer: Checkpointer, period: int, before_save: Optional[Callable[[], None]] = None):
+    def __init__(self, checkpointer: Checkpointer, period: int):
         if period <= 0:
             raise ValueError(f"SOLVER.CHECKPOINT_PERIOD must be > 0, got {period}")
         self.checkpointer = checkpointer
         self.period = period
-        self.before_save = before_save
 
     def after_step(self) -> None:
         it = self.trainer.iter
-        if (it + 1) % self.period == 0 and it + 1 < self.trainer.max_iter:
-            if self.before_save is not None:
-                self.before_save()
+        if it == self.trainer.max_iter - 1:
+            self.checkpointer.save("model_final", iteration=it)
+        elif is_checkpoint_iteration(it, self.period, self.trainer.max_iter):
             self.checkpointer.save(f"model_{it:07d}", iteration=it)
-
-    def after_train(self) -> None:
-        if self.trainer.completed and self.trainer.max_iter > self.trainer.start_iter:
-            self.checkpointer.save("model_final", iteration=self.trainer.max_iter - 1)
 
 
 def flatten_results(results: Dict, prefix: str = "") -> Dict[str, float]:
@@ -114,8 +116,9 @@ def flatten_results(results: Dict, prefix: str = "") -> Dict[str, float]:
 
 class EvalHook(HookBase):
     """Calls ``eval_function()`` (returning nested ``{task: {metric: value}}``) every ``period``
-    iterations (0: never periodically) and once when the run completes; puts the finite numbers
-    into the storage (so writers record them) and keeps them as ``trainer.last_eval_results``."""
+    iterations (0: never periodically) and after the last iteration (or, for a resumed run that
+    has no iteration left, before training); puts the finite numbers into the storage (so the
+    writers record them) and keeps the results as ``trainer.last_eval_results``."""
 
     def __init__(self, period: int, eval_function: Callable[[], Dict], eval_at_end: bool = True):
         if period < 0:
@@ -124,7 +127,7 @@ class EvalHook(HookBase):
         self.eval_function = eval_function
         self.eval_at_end = eval_at_end
 
-    def _do_eval(self) -> None:
+    def _do_eval(self, iteration: int) -> None:
         results = self.eval_function() or {}
         flat = flatten_results(results)
         numbers = {}
@@ -136,39 +139,48 @@ class EvalHook(HookBase):
             if math.isfinite(value):  # NaN (e.g. AP of an empty size bucket) is not valid JSON
                 numbers[key] = value
         if numbers:
-            self.trainer.storage.put_scalars(**numbers, smoothing_hint=False)
+            self.trainer.storage.put_scalars(**numbers, smoothing_hint=False, cur_iter=iteration)
         self.trainer.last_eval_results = results
         # Ranks wait for each other, so none runs ahead into the next step during evaluation.
         comm.synchronize()
 
+    def before_train(self) -> None:
+        if self.eval_at_end and self.trainer.start_iter >= self.trainer.max_iter:
+            # A finished run, resumed: evaluate its final model again. metrics.json already has
+            # that iteration's results, so the writers (which never rewrite an iteration a
+            # resumed run did not redo) leave it as it is.
+            self._do_eval(self.trainer.max_iter - 1)
+
     def after_step(self) -> None:
         it = self.trainer.iter
-        if self.period > 0 and (it + 1) % self.period == 0 and it + 1 < self.trainer.max_iter:
-            self._do_eval()
-
-    def after_train(self) -> None:
-        if self.eval_at_end and self.trainer.completed:
-            self._do_eval()
+        if it == self.trainer.max_iter - 1:
+            if self.eval_at_end:
+                self._do_eval(it)
+        elif self.period > 0 and (it + 1) % self.period == 0:
+            self._do_eval(it)
 
 
 class PeriodicWriter(HookBase):
-    """Runs the writers every ``period`` iterations, at the last iteration and at the end.
-    A ``JSONWriter`` first forgets lines of iterations a resumed run is about to redo."""
+    """Runs the writers every ``period`` iterations, at every checkpoint iteration (every
+    ``checkpoint_period``-th and the last), and when training ends. Before training each writer
+    forgets what a resumed run is about to redo (``EventWriter.resume_from``)."""
 
-    def __init__(self, writers: Sequence[EventWriter], period: int):
+    def __init__(self, writers: Sequence[EventWriter], period: int, checkpoint_period: int):
         if period <= 0:
             raise ValueError(f"LOG_PERIOD must be > 0, got {period}")
+        if checkpoint_period <= 0:
+            raise ValueError(f"SOLVER.CHECKPOINT_PERIOD must be > 0, got {checkpoint_period}")
         self.writers: List[EventWriter] = list(writers)
         self.period = period
+        self.checkpoint_period = checkpoint_period
 
     def before_train(self) -> None:
         for w in self.writers:
-            if isinstance(w, JSONWriter):
-                w.drop_from(self.trainer.start_iter)
+            w.resume_from(self.trainer.start_iter)
 
     def after_step(self) -> None:
         it = self.trainer.iter
-        if (it + 1) % self.period == 0 or it == self.trainer.max_iter - 1:
+        if (it + 1) % self.period == 0 or is_checkpoint_iteration(it, self.checkpoint_period, self.trainer.max_iter):
             for w in self.writers:
                 w.write()
 
@@ -179,31 +191,32 @@ class PeriodicWriter(HookBase):
 
 
 class LossCurvePlotter(HookBase):
-    """Draws ``metrics_file``'s loss curves into ``out_png`` every ``period`` iterations (with the
-    checkpoints) and when the run completes. A plotting problem is logged, never fatal."""
+    """Draws the loss curves of ``json_writer``'s records (what metrics.json holds) into
+    ``out_png`` at every checkpoint iteration (every ``period``-th and the last, after the writer
+    has written them). A plotting problem is logged, never fatal."""
 
-    def __init__(self, metrics_file: str, out_png: str, period: int):
-        self.metrics_file = metrics_file
+    def __init__(self, json_writer: JSONWriter, out_png: str, period: int):
+        self.json_writer = json_writer
         self.out_png = out_png
         self.period = period
 
     def _plot(self) -> None:
-        from detcore.utils.plotting import plot_loss_curves
+        from detcore.utils.plotting import plot_loss_records
 
-        if not os.path.isfile(self.metrics_file):
+        if not self.json_writer.records:
             return
         try:
-            plot_loss_curves(self.metrics_file, self.out_png)
+            plot_loss_records(
+                self.json_writer.records,
+                self.out_png,
+                title=f"Training curves: {os.path.basename(self.json_writer.path)}",
+                source=self.json_writer.path,
+            )
         except (ValueError, OSError) as e:
             logger.warning("Could not draw the loss curves: %s", e)
             return
         logger.info("Loss curves: %s", self.out_png)
 
     def after_step(self) -> None:
-        it = self.trainer.iter
-        if self.period > 0 and (it + 1) % self.period == 0 and it + 1 < self.trainer.max_iter:
-            self._plot()
-
-    def after_train(self) -> None:
-        if self.trainer.completed:
+        if is_checkpoint_iteration(self.trainer.iter, self.period, self.trainer.max_iter):
             self._plot()

@@ -25,6 +25,7 @@ __all__ = [
     "get_local_rank",
     "get_local_size",
     "is_main_process",
+    "unwrap_model",
     "synchronize",
     "all_gather",
     "gather",
@@ -113,6 +114,11 @@ def get_local_rank() -> int:
 def get_local_size() -> int:
     """Processes on this machine (torchrun's LOCAL_WORLD_SIZE; 1 without one)."""
     return _env_int("LOCAL_WORLD_SIZE", 1) if is_distributed() else 1
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a DistributedDataParallel wrapper, or ``model`` itself."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
 def is_main_process() -> bool:

@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 import cv2
 import numpy as np
 
-__all__ = ["read_metrics", "plot_loss_curves", "plot_runs_compared"]
+__all__ = ["read_metrics", "plot_loss_curves", "plot_loss_records", "plot_runs_compared"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,15 +81,26 @@ def plot_loss_curves(
     Returns ``out_png``.
     """
     records = read_metrics(metrics_jsonl_path)
+    title = title or f"Training curves: {os.path.basename(metrics_jsonl_path)}"
+    return plot_loss_records(records, out_png, keys, title, source=metrics_jsonl_path)
+
+
+def plot_loss_records(
+    records: List[dict],
+    out_png: str,
+    keys: Optional[Sequence[str]] = None,
+    title: str = "Training curves",
+    source: str = "the metrics",
+) -> str:
+    """``plot_loss_curves`` of metrics records already in memory (a JSONWriter's ``records``)."""
     keys = list(keys) if keys is not None else _loss_keys(records)
     losses = [s for s in (_series(records, k) for k in keys) if s is not None]
     if not losses:
         raise ValueError(
-            f"plot_loss_curves: {metrics_jsonl_path} has no lines with 'iteration' and a finite "
+            f"plot_loss_curves: {source} has no lines with 'iteration' and a finite "
             f"value for any of the keys {keys}"
         )
     lr = _series(records, "lr")
-    title = title or f"Training curves: {os.path.basename(metrics_jsonl_path)}"
     return _render(losses, lr, title, out_png, "loss")
 
 

@@ -49,7 +49,7 @@ def test_training_run_writes_metrics_checkpoints_eval_and_curves(tiny_cache, tmp
     # lr recorded is the one used at that iteration: linear warmup over 2 iterations from 0.001x.
     assert train_lines[0]["lr"] == pytest.approx(0.05 * (0.001 * 0.5 + 0.5))
     eval_lines = [r for r in records if "bbox/AP" in r]
-    assert [r["iteration"] for r in eval_lines] == [2, 6]  # after iteration 2 (EVAL_PERIOD 3), and at the end
+    assert [r["iteration"] for r in eval_lines] == [2, 5]  # after iteration 2 (EVAL_PERIOD 3), and the last
     assert set(results) == {"bbox"} and "AP50" in results["bbox"]
     assert os.path.getsize(tmp_path / "loss_curves.png") > 0
     assert os.path.isfile(tmp_path / "inference" / "tiny_shapes_val" / "coco_eval_metrics.json")
@@ -74,10 +74,11 @@ def test_each_checkpoint_iteration_is_in_the_metrics_file_before_its_checkpoint(
     trainer.train()
     assert logged_at_save["model_0000001"] == [1]
     assert logged_at_save["model_0000003"] == [1, 3]
+    assert logged_at_save["model_final"] == [1, 3, 5]
     records = read_metrics(str(tmp_path / "metrics.json"))
     assert [r["iteration"] for r in records if "total_loss" in r] == [1, 3, 5]
     # Evaluations after those early writes still reach the file, on lines of their own.
-    assert [r["iteration"] for r in records if "bbox/AP" in r] == [1, 3, 6]
+    assert [r["iteration"] for r in records if "bbox/AP" in r] == [1, 3, 5]
 
 
 def test_resume_continues_and_rewrites_redone_metrics(tiny_cache, tmp_path):
@@ -100,6 +101,23 @@ def test_resume_continues_and_rewrites_redone_metrics(tiny_cache, tmp_path):
     iterations = [r["iteration"] for r in read_metrics(str(tmp_path / "metrics.json")) if "total_loss" in r]
     assert iterations == list(range(8))
     assert load_checkpoint_file(str(tmp_path / "model_final.pth"))["iteration"] == 7
+
+
+def test_resuming_a_finished_run_evaluates_it_again_and_keeps_its_files(tiny_cache, tmp_path):
+    cfg = toy_cfg(tmp_path, "SOLVER.MAX_ITER", "4", "SOLVER.CHECKPOINT_PERIOD", "2", "LOG_PERIOD", "1")
+    first = DefaultTrainer(cfg)
+    first.resume_or_load(resume=False)
+    results = first.train()
+    lines = (tmp_path / "metrics.json").read_text()
+    final = load_checkpoint_file(str(tmp_path / "model_final.pth"))
+
+    again = DefaultTrainer(cfg)
+    again.resume_or_load(resume=True)
+    assert again.start_iter == again.max_iter == 4
+    assert json.dumps(again.train()) == json.dumps(results)  # the same final model, evaluated again (NaN-safe)
+    assert (tmp_path / "metrics.json").read_text() == lines
+    for k, v in load_checkpoint_file(str(tmp_path / "model_final.pth"))["model"].items():
+        assert torch.equal(v, final["model"][k])
 
 
 def test_nan_loss_stops_training_and_keeps_last_good_checkpoint(tiny_cache, tmp_path, monkeypatch):

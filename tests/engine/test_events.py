@@ -45,12 +45,14 @@ def test_json_writer_lines_and_resume_truncation(tmp_path):
     with open(path, "a") as f:
         f.write('{"iteration": 6, "total_lo')
     writer = JSONWriter(path)
-    writer.drop_from(3)
+    writer.resume_from(3)
     with EventStorage(3) as storage:
         storage.put_scalar("total_loss", 0.5)
         writer.write()
     writer.close()
-    assert [json.loads(line)["iteration"] for line in open(path)] == [1, 3]
+    on_disk = [json.loads(line) for line in open(path)]
+    assert [r["iteration"] for r in on_disk] == [1, 3]
+    assert writer.records == on_disk  # the in-memory history is the file's
 
 
 def test_json_writer_writes_late_scalars_of_a_written_iteration_once(tmp_path):
