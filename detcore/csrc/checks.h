@@ -6,6 +6,14 @@
 
 namespace detcore {
 
+// The CPU kernels compute in float32 and float64 only (half types go through autocast).
+inline void check_cpu_dtype(const char* op, const char* what, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(
+      t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, op,
+      " on CPU supports float32 and float64 ", what, ", got ", t.scalar_type(),
+      " (use .float(), or run under torch.autocast)");
+}
+
 inline void check_nms_inputs(const char* op, const at::Tensor& boxes, const at::Tensor& scores) {
   TORCH_CHECK_VALUE(
       boxes.dim() == 2 && boxes.size(1) == 4, op,

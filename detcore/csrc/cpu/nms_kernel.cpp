@@ -144,13 +144,6 @@ void gather(
   }
 }
 
-void check_cpu_dtype(const char* op, const at::Tensor& boxes) {
-  TORCH_CHECK_VALUE(
-      boxes.scalar_type() == at::kFloat || boxes.scalar_type() == at::kDouble, op,
-      " on CPU supports float32 and float64 boxes, got ", boxes.scalar_type(),
-      " (use .float(), or run under torch.autocast)");
-}
-
 // Kept indices in decreasing score order, from a keep flag per rank.
 at::Tensor kept_indices(const at::Tensor& order, const std::vector<uint8_t>& keep) {
   const int64_t* order_ptr = order.data_ptr<int64_t>();
@@ -208,7 +201,7 @@ at::Tensor sort_order(const at::Tensor& scores) {
 
 at::Tensor nms_cpu(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold) {
   check_nms_inputs("nms", boxes, scores);
-  check_cpu_dtype("nms", boxes);
+  check_cpu_dtype("nms", "boxes", boxes);
   if (boxes.size(0) == 0) {
     return at::empty({0}, boxes.options().dtype(at::kLong));
   }
@@ -223,7 +216,7 @@ at::Tensor batched_nms_cpu(
     const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs,
     double iou_threshold) {
   check_batched_nms_inputs(boxes, scores, idxs);
-  check_cpu_dtype("batched_nms", boxes);
+  check_cpu_dtype("batched_nms", "boxes", boxes);
   if (boxes.size(0) == 0) {
     return at::empty({0}, boxes.options().dtype(at::kLong));
   }

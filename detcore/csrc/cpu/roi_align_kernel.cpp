@@ -288,18 +288,11 @@ void roi_align_backward_channels_last(
   });
 }
 
-void check_cpu_dtype(const char* op, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(
-      t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, op,
-      " on CPU supports float32 and float64, got ", t.scalar_type(),
-      " (use .float(), or run under torch.autocast)");
-}
-
 at::Tensor roi_align_forward_cpu(
     const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
     int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
   check_roi_align_inputs(input, rois, pooled_height, pooled_width, sampling_ratio);
-  check_cpu_dtype("roi_align", input);
+  check_cpu_dtype("roi_align", "input", input);
   auto output = at::zeros(
       {rois.size(0), input.size(1), pooled_height, pooled_width}, input.options());
   if (output.numel() == 0 || input.size(2) == 0 || input.size(3) == 0) {
@@ -330,7 +323,7 @@ at::Tensor roi_align_backward_cpu(
   check_roi_align_backward_inputs(
       grad, rois, pooled_height, pooled_width, batch_size, channels, height, width,
       sampling_ratio);
-  check_cpu_dtype("roi_align backward", grad);
+  check_cpu_dtype("roi_align backward", "grad", grad);
   if (grad.numel() == 0 || height == 0 || width == 0) {
     return at::zeros({batch_size, channels, height, width}, grad.options());
   }

@@ -1,0 +1,148 @@
+"""Keys with a closed set of values (detcore/config/choices.py): the defaults' comments list
+exactly those values, a merge refuses anything else naming the key, and the code that reads
+each key accepts every listed value."""
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from detcore.config import ConfigError, get_cfg
+from detcore.config.choices import (
+    BOX_REG_LOSS_TYPES,
+    CHOICES,
+    CLIP_TYPES,
+    FLIP_DIRECTIONS,
+    FPN_TOP_BLOCKS,
+    LR_SCHEDULERS,
+    NORMS,
+    RESNET_DEPTHS,
+)
+from detcore.layers import ShapeSpec, get_norm
+from detcore.modeling import Box2BoxTransform
+from detcore.modeling.backbone import build_top_block
+from detcore.modeling.backbone.resnet import _BLOCKS_PER_STAGE
+from detcore.modeling.roi_heads import FastRCNNOutputLayers
+from detcore.solver import build_gradient_clipper, build_lr_scheduler
+from detcore.structures import Boxes, Instances
+
+DEFAULTS_PY = Path(__file__).resolve().parents[2] / "detcore" / "config" / "defaults.py"
+
+
+def comment_of(key: str) -> str:
+    """The comment that documents ``_C.<key>``: the comment lines above it, above any
+    assignments of the same group written right before it (e.g. the SOLVER.WARMUP_* keys)."""
+    lines = DEFAULTS_PY.read_text().split("\n")
+    index = next(i for i, line in enumerate(lines) if line.startswith(f"_C.{key} = "))
+    while index > 0 and lines[index - 1].startswith("_C."):
+        index -= 1
+    comment = []
+    while index > 0 and lines[index - 1].startswith("#"):
+        index -= 1
+        comment.insert(0, lines[index][1:].strip())
+    return " ".join(comment)
+
+
+@pytest.mark.parametrize("key", sorted(CHOICES))
+def test_the_comment_lists_exactly_the_allowed_values(key):
+    allowed = CHOICES[key]
+    comment = comment_of(key)
+    if all(isinstance(v, str) for v in allowed):
+        assert set(re.findall(r'"([^"]*)"', comment)) == set(allowed), comment
+    else:
+        numbers = set(re.findall(r"\b\d+\b", comment))
+        assert {str(v) for v in allowed} <= numbers, comment
+
+
+@pytest.mark.parametrize("key", sorted(CHOICES))
+def test_defaults_are_allowed_and_merges_check_the_set(key):
+    cfg = get_cfg()
+    node = cfg
+    for part in key.split("."):
+        node = node[part]
+    assert node in CHOICES[key]
+    for value in CHOICES[key]:
+        cfg.merge_from_list([key, str(value)])
+    bad = "nonsense" if isinstance(node, str) else 7
+    before = cfg.dump()
+    with pytest.raises(ConfigError, match=rf"config key {re.escape(key)} in the override list must be one of"):
+        cfg.merge_from_list([key, str(bad)])
+    assert cfg.dump() == before  # all or nothing
+
+
+def test_a_bad_value_in_a_file_names_the_file_and_the_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("MODEL:\n  ROI_BOX_HEAD:\n    BBOX_REG_LOSS_TYPE: iou\n")
+    with pytest.raises(ConfigError, match=r"MODEL.ROI_BOX_HEAD.BBOX_REG_LOSS_TYPE in .*bad.yaml must be one of "
+                                          r"\['smooth_l1', 'l1', 'giou'\], got 'iou'"):
+        get_cfg().merge_from_file(str(path))
+
+
+# --- the code accepts every listed value -----------------------------------------------------------
+def test_norms_and_depths_are_what_the_layers_build():
+    for norm in NORMS:
+        layer = get_norm(norm, 32)
+        assert (layer is None) == (norm == "")
+    assert set(_BLOCKS_PER_STAGE) == set(RESNET_DEPTHS)
+
+
+def test_every_top_block_builds():
+    shapes = {"res5": ShapeSpec(channels=512, stride=32)}
+    for name in FPN_TOP_BLOCKS:
+        block = build_top_block(name, shapes, 64)
+        assert (block is None) == (name in ("", "none"))
+
+
+def test_every_schedule_clip_type_and_flip_builds():
+    from detcore.data.dataset_mapper import build_augmentation
+
+    cfg = get_cfg()
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    for name in LR_SCHEDULERS:
+        cfg.SOLVER.LR_SCHEDULER_NAME = name
+        assert type(build_lr_scheduler(cfg, optimizer)).__name__ == name
+    cfg.SOLVER.CLIP_GRADIENTS.ENABLED = True
+    for clip in CLIP_TYPES:
+        cfg.SOLVER.CLIP_GRADIENTS.CLIP_TYPE = clip
+        assert callable(build_gradient_clipper(cfg))
+    for flip in FLIP_DIRECTIONS:
+        cfg.INPUT.RANDOM_FLIP = flip
+        assert len(build_augmentation(cfg, is_train=True)) == (1 if flip == "none" else 2)
+
+
+def _box_loss(loss_type, deltas):
+    predictor = FastRCNNOutputLayers(
+        ShapeSpec(channels=8), box2box_transform=Box2BoxTransform((10.0, 10.0, 5.0, 5.0)), num_classes=2,
+        box_reg_loss_type=loss_type,
+    )
+    proposals = Instances((100, 100))
+    proposals.proposal_boxes = Boxes(torch.tensor([[10.0, 10.0, 50.0, 50.0], [0.0, 0.0, 20.0, 30.0]], dtype=torch.float64))
+    proposals.gt_boxes = Boxes(torch.tensor([[12.0, 8.0, 52.0, 48.0], [0.0, 0.0, 20.0, 30.0]], dtype=torch.float64))
+    proposals.gt_classes = torch.tensor([1, 2])  # a foreground ROI of class 1, a background ROI
+    scores = torch.zeros(2, 3, dtype=torch.float64)
+    return predictor.losses((scores, deltas), [proposals])["loss_box_reg"]
+
+
+def test_every_box_loss_type_works_in_the_box_head():
+    deltas = torch.zeros(2, 8, dtype=torch.float64, requires_grad=True)
+    for loss_type in BOX_REG_LOSS_TYPES:
+        loss = _box_loss(loss_type, deltas)
+        loss.backward()
+        assert torch.isfinite(loss) and loss > 0
+
+
+def test_giou_box_loss_is_one_minus_giou_of_the_decoded_box_over_all_rois():
+    # Zero deltas decode to the proposal itself: [10, 10, 50, 50] against GT [12, 8, 52, 48].
+    # Intersection 38 x 38, union 2 * 1600 - 1444, hull 42 x 42 (hand-computed).
+    inter, union, hull = 38.0 * 38.0, 2 * 1600.0 - 38.0 * 38.0, 42.0 * 42.0
+    giou = inter / union - (hull - union) / hull
+    loss = _box_loss("giou", torch.zeros(2, 8, dtype=torch.float64))
+    torch.testing.assert_close(loss, torch.tensor((1.0 - giou) / 2, dtype=torch.float64), rtol=1e-6, atol=0)
+    # A perfect box gives no loss.
+    d = Box2BoxTransform((10.0, 10.0, 5.0, 5.0)).get_deltas(
+        torch.tensor([[10.0, 10.0, 50.0, 50.0]], dtype=torch.float64),
+        torch.tensor([[12.0, 8.0, 52.0, 48.0]], dtype=torch.float64),
+    )
+    deltas = torch.zeros(2, 8, dtype=torch.float64)
+    deltas[0, 4:8] = d[0]  # class 1's slot of the foreground ROI
+    assert _box_loss("giou", deltas).abs() < 1e-6
