@@ -50,6 +50,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from detcore.utils.collect_env import cpu_name  # noqa: E402
+from detcore.utils import strict_json  # noqa: E402
 from model_benchmark_workloads import NUM_GT, STAGES, worker  # noqa: E402
 
 
@@ -258,7 +259,7 @@ def main():
         path = os.path.join(ROOT, "benchmark_results", f"model_{args.device}_quick.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
-        json.dump(record, f, indent=2)
+        f.write(strict_json.dumps(record, indent=2))
     print(f"saved {os.path.relpath(path, ROOT)}")
 
 

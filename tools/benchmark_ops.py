@@ -10,7 +10,6 @@ means detcore is faster. Without torchvision only detcore's times are printed.
     python tools/benchmark_ops.py --quick              # a smoke run of a few seconds
 """
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -25,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import detcore  # noqa: E402
 from detcore.layers import batched_nms, nms, roi_align  # noqa: E402
 from detcore.utils.collect_env import cpu_name  # noqa: E402
+from detcore.utils import strict_json  # noqa: E402
 
 try:
     import torchvision
@@ -322,7 +322,7 @@ def main(argv=None):
     if folder:
         os.makedirs(folder, exist_ok=True)
     with open(json_path, "w") as f:
-        json.dump({**info, "results": rows}, f, indent=2)
+        f.write(strict_json.dumps({**info, "results": rows}, indent=2))
     print(f"\nwrote {json_path}")
     if any(r["agree"].startswith("NO") for r in rows):
         print("WARNING: detcore and torchvision disagree on some cases (see 'agree')")

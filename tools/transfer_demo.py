@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from detcore.utils.plotting import plot_runs_compared, read_metrics  # noqa: E402
+from detcore.utils import strict_json  # noqa: E402
 
 CONFIGS = {
     "imgsim": os.path.join(ROOT, "configs", "shapes_transfer", "imgsim_R_50_FPN.yaml"),
@@ -118,7 +119,7 @@ def main():
 
     os.makedirs(args.output_root, exist_ok=True)
     with open(os.path.join(args.output_root, "transfer_results.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+        f.write(strict_json.dumps(summary, indent=2))
     metrics_files = {name: os.path.join(args.output_root, name, "metrics.json") for name in runs}
     pngs = [
         plot_runs_compared(

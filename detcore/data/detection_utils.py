@@ -1,5 +1,6 @@
 """Helpers between records and model inputs: reading images, moving annotations through
 transforms, and turning them into ``Instances`` (gt_boxes / gt_classes / gt_masks)."""
+import io
 import os
 from typing import List, Sequence, Tuple
 
@@ -7,6 +8,7 @@ import cv2
 import numpy as np
 import pycocotools.mask as mask_util
 import torch
+
 from detcore.config.choices import IMAGE_FORMATS, MASK_FORMATS
 
 from ..structures import BitMasks, Boxes, Instances, PolygonMasks, polygons_to_bitmask
@@ -31,12 +33,33 @@ def read_image(file_name: str, format: str = "BGR") -> np.ndarray:
         raise ValueError(f"read_image: format must be one of {_FORMATS}, got {format!r}")
     if not os.path.isfile(file_name):
         raise FileNotFoundError(f"image file not found: {file_name}")
-    image = cv2.imread(file_name, cv2.IMREAD_COLOR)
+    data = np.fromfile(file_name, dtype=np.uint8)
+    if _is_truncated_jpeg(data.tobytes()):
+        # libjpeg may fill the missing rows with grey, printing a warning without the file name.
+        raise OSError(f"image file {file_name} is a truncated JPEG (it ends before its end-of-image marker)")
+    image = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
     if image is None:
         raise OSError(f"could not read image file {file_name} (unreadable or not an image)")
     if format == "RGB":
         image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
     return image
+
+
+def _is_truncated_jpeg(data: bytes) -> bool:
+    """A JPEG whose data stops before its end-of-image marker (FF D9). Files that merely carry
+    bytes after the marker are told apart by decoding them with Pillow, when it is installed."""
+    if not data.startswith(b"\xff\xd8") or data.rstrip(b"\x00\r\n ").endswith(b"\xff\xd9"):
+        return False
+    try:
+        from PIL import Image
+    except ImportError:
+        return True
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()  # raises on a truncated file (ImageFile.LOAD_TRUNCATED_IMAGES is off)
+    except OSError:
+        return True
+    return False
 
 
 def check_image_size(record: dict, image: np.ndarray) -> None:

@@ -21,6 +21,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from detcore.utils import strict_json
+
 __all__ = [
     "HistoryBuffer",
     "EventStorage",
@@ -185,7 +187,7 @@ class JSONWriter(EventWriter):
                     kept.append(record)
         tmp = self._path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            f.write("".join(json.dumps(record) + "\n" for record in kept))
+            f.write("".join(strict_json.dumps(record) + "\n" for record in kept))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._path)
@@ -204,7 +206,7 @@ class JSONWriter(EventWriter):
             return
         for it in sorted(by_iter):
             record = {"iteration": it, **by_iter[it]}
-            self._file.write(json.dumps(record) + "\n")
+            self._file.write(strict_json.dumps(record) + "\n")
             self.records.append(record)
             for name in by_iter[it]:
                 self._written[name] = it

@@ -6,7 +6,10 @@ gathered across ranks; ``evaluate`` runs ``COCOeval`` once per task on rank 0 an
 AP, AP50, AP75, APs, APm, APl (and per-category AP) in percent.
 
 The ground truth is a COCO json file, given directly or found through a ``metadata_fn`` that
-maps a dataset name to its metadata, so this module does not depend on ``detcore.data``.
+maps a dataset name to its metadata. Its unusable annotations (non-finite or absurd
+coordinates, empty boxes, no real polygon) are dropped with a logged count before pycocotools
+sees them, by the same rule as in training (``detcore.data.datasets.coco_checks``). With no
+detections at all, AP is 0 wherever there is ground truth to miss.
 """
 import contextlib
 import copy
@@ -23,7 +26,9 @@ import pycocotools.mask as mask_util
 import torch
 import torch.distributed as dist
 
+from detcore.data.datasets.coco_checks import filter_coco_dataset
 from detcore.structures import Boxes, Instances
+from detcore.utils import strict_json
 
 from .evaluator import DatasetEvaluator
 
@@ -57,6 +62,38 @@ def _coco_api(use_fast_impl: bool):
     from pycocotools.cocoeval import COCOeval
 
     return COCO, COCOeval, "pycocotools"
+
+
+def _load_ground_truth(COCO, json_file: str):
+    """A COCO API object of ``json_file`` without its unusable annotations."""
+    with open(json_file) as f:
+        data = json.load(f)
+    data, _ = filter_coco_dataset(data, json_file)
+    _fill_missing_areas(data)
+    # pycocotools prints while indexing; keep stdout for the metric tables.
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco = COCO()
+        coco.dataset = data
+        coco.createIndex()
+    return coco
+
+
+def _fill_missing_areas(data: dict) -> None:
+    """COCOeval buckets ground truth by its "area", which hand-made jsons often leave out:
+    take the segmentation's area (the box's for box-only annotations), as COCO defines it."""
+    sizes = {img["id"]: (img["height"], img["width"]) for img in data.get("images", [])}
+    for ann in data.get("annotations", []):
+        if "area" in ann:
+            continue
+        segm = ann.get("segmentation")
+        if segm:
+            h, w = sizes[ann["image_id"]]
+            rles = mask_util.frPyObjects(segm, h, w) if isinstance(segm, list) else [segm]
+            if isinstance(segm, dict) and isinstance(segm.get("counts"), list):
+                rles = [mask_util.frPyObjects(segm, h, w)]
+            ann["area"] = float(sum(mask_util.area(rles)))
+        else:
+            ann["area"] = float(ann["bbox"][2] * ann["bbox"][3])
 
 
 def _meta_get(metadata: Any, key: str, default: Any = None) -> Any:
@@ -202,9 +239,7 @@ class COCOEvaluator(DatasetEvaluator):
         json_file, metadata = self._resolve_json(dataset_name, metadata_fn)
         self._json_file = json_file
         COCO, self._cocoeval_cls, self.backend = _coco_api(use_fast_impl)
-        # pycocotools prints while loading; keep stdout for the metric tables.
-        with contextlib.redirect_stdout(io.StringIO()):
-            self._coco_gt = COCO(json_file)
+        self._coco_gt = _load_ground_truth(COCO, json_file)
 
         if dataset_id_to_contiguous_id is None and metadata is not None:
             dataset_id_to_contiguous_id = _meta_get(metadata, "thing_dataset_id_to_contiguous_id")
@@ -291,7 +326,7 @@ class COCOEvaluator(DatasetEvaluator):
             os.makedirs(self._output_dir, exist_ok=True)
             path = os.path.join(self._output_dir, RESULTS_FILE)
             with open(path, "w") as f:
-                json.dump(coco_results, f)
+                f.write(strict_json.dumps(coco_results))
             logger.info("COCOEvaluator: saved %d predictions to %s", len(coco_results), path)
 
         results = OrderedDict()
@@ -302,7 +337,7 @@ class COCOEvaluator(DatasetEvaluator):
 
         if self._output_dir:
             with open(os.path.join(self._output_dir, METRICS_FILE), "w") as f:
-                json.dump(results, f, indent=2)
+                f.write(strict_json.dumps(results, indent=2))
         return results
 
     # --- evaluation -----------------------------------------------------------------------------
@@ -335,8 +370,8 @@ class COCOEvaluator(DatasetEvaluator):
                 logger.warning("COCOEvaluator: ground truth lacks 'segmentation'; skipping 'segm'.")
                 return None
         if not coco_results:
-            logger.warning("COCOEvaluator: the model made no predictions; '%s' metrics are NaN.", task)
-            return {name: float("nan") for name in _AP_NAMES}
+            logger.warning("COCOEvaluator: the model made no predictions; '%s' AP is 0 where there is ground truth.", task)
+            return self._no_detection_metrics(image_ids)
 
         # loadRes edits the dicts it gets. For segm, drop the box so that the area (small /
         # medium / large) comes from the mask, as for the ground truth; for bbox, drop the mask.
@@ -364,6 +399,24 @@ class COCOEvaluator(DatasetEvaluator):
         if self._per_category_ap:
             per_category = self._per_category(coco_eval)
             metrics.update(per_category)
+        return metrics
+
+    def _no_detection_metrics(self, image_ids: List[int]) -> Dict[str, float]:
+        """What COCOeval would report for an empty detection list (it cannot take one): 0 for
+        every metric with ground truth to miss, NaN (no ground truth) elsewhere."""
+        gt = self._coco_gt
+        anns = [a for a in gt.loadAnns(gt.getAnnIds(imgIds=image_ids)) if not a.get("iscrowd", 0)]
+        areas = [float(a.get("area", a["bbox"][2] * a["bbox"][3])) for a in anns]
+        # COCOeval's area ranges (inclusive), in the order of _AP_NAMES.
+        ranges = [(0, 1e10)] * 3 + [(0, 32**2), (32**2, 96**2), (96**2, 1e10)]
+        metrics = {
+            name: 0.0 if any(lo <= area <= hi for area in areas) else float("nan")
+            for name, (lo, hi) in zip(_AP_NAMES, ranges)
+        }
+        if self._per_category_ap:
+            present = {a["category_id"] for a in anns}
+            for cat_id in sorted(gt.getCatIds()):
+                metrics[f"AP-{gt.cats[cat_id]['name']}"] = 0.0 if cat_id in present else float("nan")
         return metrics
 
     def _per_category(self, coco_eval) -> Dict[str, float]:

@@ -315,15 +315,47 @@ def test_category_without_ground_truth_is_nan(tmp_path):
 
 
 # --- empty input, files, errors -----------------------------------------------------------------
-def test_no_detections_gives_nan_and_a_warning(tmp_path, caplog):
-    ev = COCOEvaluator(write_gt(tmp_path, [box_ann(1, 1, 1, (10, 10, 50, 50))]), output_dir=str(tmp_path / "out"))
+def test_no_detections_give_zero_where_there_is_ground_truth_and_strict_json(tmp_path, caplog):
+    # xywh (10, 10, 40, 40): area 1600, a "medium" object; no small or large ground truth.
+    ev = COCOEvaluator(write_gt(tmp_path, [box_ann(1, 1, 1, (10, 10, 40, 40))]), output_dir=str(tmp_path / "out"))
     with caplog.at_level(logging.WARNING):
         res = run(ev, {1: empty_prediction(with_masks=True)})
     assert list(res) == ["bbox", "segm"]
-    assert all(math.isnan(v) for task in res.values() for v in task.values())
+    for task in res.values():
+        assert {k: v for k, v in task.items() if not math.isnan(v)} == {
+            "AP": 0.0, "AP50": 0.0, "AP75": 0.0, "APm": 0.0, "AP-thing": 0.0
+        }
+        assert math.isnan(task["APs"]) and math.isnan(task["APl"])  # nothing to miss there
     assert "no predictions" in caplog.text
     with open(tmp_path / "out" / RESULTS_FILE) as f:
         assert json.load(f) == []
+    text = (tmp_path / "out" / METRICS_FILE).read_text()
+    assert "NaN" not in text
+    saved = json.loads(text, parse_constant=lambda token: pytest.fail(f"non-JSON token {token}"))
+    assert saved["bbox"]["APs"] is None and saved["bbox"]["AP"] == 0.0
+
+
+def test_empty_area_buckets_are_null_in_the_metrics_file(tmp_path):
+    ev = COCOEvaluator(write_gt(tmp_path, [box_ann(1, 1, 1, (10, 10, 40, 40))]), ("bbox",), output_dir=str(tmp_path / "out"))
+    res = run(ev, {1: prediction([[10.0, 10.0, 50.0, 50.0]], [0.9], [0])})
+    assert res["bbox"]["AP"] == pytest.approx(100.0) and math.isnan(res["bbox"]["APs"])
+    saved = json.loads((tmp_path / "out" / METRICS_FILE).read_text(), parse_constant=lambda t: pytest.fail(t))
+    assert saved["bbox"]["APs"] is None and saved["bbox"]["APl"] is None
+
+
+def test_unusable_ground_truth_is_dropped_as_in_training(tmp_path, caplog):
+    # A NaN polygon, a polygon of 2 points, a negative-width box and an absurd coordinate: pycocotools
+    # would crash or count them as missed. They are dropped with a logged count, by the loader's rule.
+    bad = [
+        box_ann(2, 1, 1, (5, 5, 10, 10), segmentation=[[5, 5, float("nan"), 5, 15, 15]]),
+        box_ann(3, 1, 1, (5, 5, 10, 10), segmentation=[[5, 5, 15, 5]]),
+        box_ann(4, 1, 1, (60, 5, -10, 10)),
+        box_ann(5, 1, 1, (5, 5, 10, 10), segmentation=[[5, 5, 1e9, 5, 15, 15]]),
+    ]
+    ev = COCOEvaluator(write_gt(tmp_path, [box_ann(1, 1, 1, (10, 10, 40, 40))] + bad), output_dir=str(tmp_path / "out"))
+    assert "dropped 4 unusable annotation(s)" in caplog.text and "annotation ids 4" in caplog.text
+    res = run(ev, {1: prediction([[10.0, 10.0, 50.0, 50.0]], [0.9], [0], masks=[polygon_mask([10, 10, 50, 10, 50, 50, 10, 50])])})
+    assert res["bbox"]["AP"] == pytest.approx(100.0) and res["segm"]["AP"] == pytest.approx(100.0)
 
 
 def test_nothing_processed_gives_empty_result(tmp_path, caplog):

@@ -7,10 +7,11 @@ A record is one image::
                       [0, K) (contiguous), "iscrowd": 0 or 1,
                       "segmentation": [[x0, y0, x1, y1, ...], ...] or an RLE dict (optional)}]}
 
-Nothing is dropped here except polygons with fewer than 3 points (and instances left without
-any polygon, as detectron2 does); crowd, degenerate and empty-image handling belongs to the
-training pipeline (``get_detection_dataset_dicts`` and the mapper). Anything malformed is an
-error naming the json file and the annotation (or image) id.
+Anything malformed is an error naming the json file and the annotation (or image) id.
+Well-formed but unusable annotations (non-finite or absurd coordinates, empty or outside boxes,
+no polygon of 3 or more points) are dropped, counted and logged: the policy, shared with the
+evaluator, is in ``coco_checks``. Crowd and empty-image handling belongs to the training
+pipeline (``get_detection_dataset_dicts`` and the mapper).
 """
 import json
 import logging
@@ -19,6 +20,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from ..catalog import DatasetCatalog, MetadataCatalog
+from .coco_checks import DropReport, unusable_reason, usable_polygons
 
 __all__ = ["load_coco_json", "register_coco_instances"]
 
@@ -59,8 +61,8 @@ def _parse_categories(data: dict, json_file: str):
     return [c["name"] for c in cats], {cid: i for i, cid in enumerate(ids)}
 
 
-def _parse_segmentation(segm: Any, height: int, width: int) -> Optional[Any]:
-    """Validated segmentation, or None when no polygon with >= 3 points is left."""
+def _parse_segmentation(segm: Any, height: int, width: int) -> Any:
+    """Validated segmentation: an RLE dict, or the polygons with >= 3 points."""
     if isinstance(segm, dict):
         if "counts" not in segm or "size" not in segm:
             raise _Malformed(f"an RLE segmentation needs 'counts' and 'size', got keys {sorted(segm)}")
@@ -75,12 +77,12 @@ def _parse_segmentation(segm: Any, height: int, width: int) -> Optional[Any]:
             raise _Malformed("every polygon must be a flat list of numbers [x0, y0, x1, y1, ...]")
         if len(poly) % 2 != 0:
             raise _Malformed(f"a polygon has an odd number of coordinates ({len(poly)})")
-        if len(poly) >= 6:  # shorter "polygons" (points, lines) exist in COCO; they cover nothing
-            polygons.append([float(v) for v in poly])
-    return polygons or None
+        polygons.append([float(v) for v in poly])
+    # Shorter "polygons" (points, lines) exist in COCO; they cover nothing.
+    return usable_polygons(polygons)
 
 
-def _parse_annotation(ann: Any, images: Dict[int, dict], id_map: Dict[int, int]) -> Optional[dict]:
+def _parse_annotation(ann: Any, images: Dict[int, dict], id_map: Dict[int, int]) -> dict:
     if not isinstance(ann, dict):
         raise _Malformed(f"an annotation must be a json object, got {type(ann).__name__}")
     image_id = ann.get("image_id")
@@ -103,10 +105,7 @@ def _parse_annotation(ann: Any, images: Dict[int, dict], id_map: Dict[int, int])
     }
     if "segmentation" in ann:
         img = images[image_id]
-        segm = _parse_segmentation(ann["segmentation"], img["height"], img["width"])
-        if segm is None:
-            return None
-        out["segmentation"] = segm
+        out["segmentation"] = _parse_segmentation(ann["segmentation"], img["height"], img["width"])
     return out
 
 
@@ -144,7 +143,7 @@ def load_coco_json(json_file: str, image_root: str, dataset_name: Optional[str] 
 
     anns_by_image: Dict[int, List[dict]] = {i: [] for i in images}
     seen_ids = set()
-    dropped = 0
+    drops = DropReport(json_file)
     anns = data.get("annotations", [])  # absent in test-set jsons
     if not isinstance(anns, list):
         raise ValueError(f"{json_file}: 'annotations' must be a list, got {type(anns).__name__}")
@@ -160,14 +159,13 @@ def load_coco_json(json_file: str, image_root: str, dataset_name: Optional[str] 
             parsed = _parse_annotation(ann, images, id_map)
         except _Malformed as e:
             raise ValueError(f"{where}: {e}") from None
-        if parsed is None:
-            dropped += 1
+        img = images[ann["image_id"]]
+        reason = unusable_reason(ann, img["width"], img["height"])
+        if reason is not None:
+            drops.add(reason, ann_id)
             continue
         anns_by_image[ann["image_id"]].append(parsed)
-    if dropped:
-        logger.warning(
-            "%s: dropped %d annotations whose segmentation has no polygon of 3 or more points", json_file, dropped
-        )
+    drops.log()
 
     records = []
     for image_id, img in images.items():
@@ -180,7 +178,7 @@ def load_coco_json(json_file: str, image_root: str, dataset_name: Optional[str] 
                 "annotations": anns_by_image[image_id],
             }
         )
-    logger.info("Loaded %d images and %d annotations from %s", len(records), len(seen_ids) - dropped, json_file)
+    logger.info("Loaded %d images and %d annotations from %s", len(records), len(seen_ids) - drops.total, json_file)
     if dataset_name is not None:
         MetadataCatalog.get(dataset_name).set(thing_classes=thing_classes, thing_dataset_id_to_contiguous_id=id_map)
     return records
