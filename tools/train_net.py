@@ -3,6 +3,7 @@
 
     python tools/train_net.py --config-file configs/e2e_mask_rcnn_R_18_FPN_shapes.yaml
     python tools/train_net.py --config-file X --resume                 # continue after a crash
+    python tools/train_net.py --config-file X --start-over             # retrain; the old run moves aside
     python tools/train_net.py --config-file X --eval-only MODEL.WEIGHTS out/model_final.pth
     torchrun --nproc_per_node 2 tools/train_net.py --config-file X    # distributed (DDP)
 
@@ -39,7 +40,7 @@ def main(args):
         checkpointer.resume_or_load(cfg.MODEL.WEIGHTS, resume=args.resume)
         return DefaultTrainer.test(cfg, model)
     trainer = DefaultTrainer(cfg)
-    trainer.resume_or_load(resume=args.resume)
+    trainer.resume_or_load(resume=args.resume, start_over=args.start_over)
     return trainer.train()
 
 

@@ -12,13 +12,14 @@ Detectron's {"blobs": ...}) and returns a flat name -> Tensor dict plus the entr
 import importlib
 import io
 import pickle
+import zipfile
 from pathlib import Path
 from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
 
-__all__ = ["read_checkpoint", "safe_pickle_load", "unwrap_state_dict"]
+__all__ = ["describe_file", "read_checkpoint", "safe_pickle_load", "unwrap_state_dict"]
 
 # numpy moved its internals from numpy.core to numpy._core in 2.0; old pickles name the former.
 _NUMPY_GLOBALS = {
@@ -76,6 +77,38 @@ def safe_pickle_load(data: bytes):
     return _NumpyUnpickler(io.BytesIO(data), encoding="latin1").load()
 
 
+def describe_file(path) -> str:
+    """What a file that failed to load as a checkpoint seems to be, from its first bytes, for
+    error messages ("a text file starting with 'hello'", "a zip archive cut short", ...)."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(256)
+    if size == 0:
+        return "an empty file"
+    if head.startswith(b"PK\x03\x04"):
+        if zipfile.is_zipfile(path):
+            return f"a zip archive of {size} bytes (a torch.save checkpoint or another zip file)"
+        return f"a zip archive cut short ({size} bytes; a torch.save checkpoint whose writing was interrupted?)"
+    if head[:1] == b"\x80":
+        return "a Python pickle (a legacy torch.save file or a model-zoo .pkl)"
+    if head.startswith(b"\x93NUMPY"):
+        return "a numpy .npy array file"
+    if head.startswith(b"\x89HDF"):
+        return "an HDF5 file (Keras / TensorFlow weights?)"
+    if head.startswith(b"\x89PNG") or head.startswith(b"\xff\xd8"):
+        return "an image file"
+    if len(head) > 8 and int.from_bytes(head[:8], "little") < size and head[8:9] == b"{":
+        return "a safetensors file"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and all(c.isprintable() or c in "\r\n\t" for c in text):
+        return f"a text file starting with {text[:40]!r}"
+    return f"binary data of an unknown kind ({size} bytes, starting with {head[:8].hex(' ')})"
+
+
 def unwrap_state_dict(obj) -> Tuple[Dict[str, torch.Tensor], List[Tuple[str, str]]]:
     """The flat name -> Tensor dict inside a loaded checkpoint object, and (name, reason) for
     each entry skipped (metadata such as detectron2's "__author__", non-numeric arrays)."""
@@ -121,9 +154,14 @@ def read_checkpoint(path) -> Tuple[Dict[str, torch.Tensor], List[Tuple[str, str]
         # A legacy torch.save file starts with a pickled magic number, read above as an int.
         try:
             obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
-            if not_a_pickle is not None or not isinstance(e, pickle.UnpicklingError):
-                raise ValueError(f"{path}: neither torch.load nor pickle can read it ({not_a_pickle or e})") from None
+        except Exception as e:  # torch.load fails in many ways on files that are not checkpoints
+            kind = describe_file(path)
+            refused = isinstance(e, pickle.UnpicklingError) and kind.startswith(("a zip archive of", "a Python pickle"))
+            if not_a_pickle is not None or not refused:
+                raise ValueError(
+                    f"{path} is not a checkpoint: it seems to be {kind}; neither torch.load "
+                    f"nor pickle can read it ({not_a_pickle or e})"
+                ) from None
             raise pickle.UnpicklingError(
                 f"{path}: torch.load(weights_only=True) refused it ({e}). Checkpoints must hold only "
                 "tensors and plain containers; re-save just the weights, e.g. "

@@ -14,17 +14,21 @@ tuples (``detcore.utils.comm.rng_states``) and no config object is pickled.
 (MODEL.WEIGHTS, the predictor, test_net); it reads and converts through detcore.checkpoint, so
 torchvision and detectron2 checkpoints work too.
 """
+import contextlib
 import glob
 import logging
 import os
 import pickle
+import signal
 import tempfile
+import threading
 from typing import Any, Callable, Dict, Optional
 
 import torch
 from torch import nn
 
 from detcore.checkpoint import LoadReport, convert_state_dict, load_converted_state_dict
+from detcore.checkpoint.io import describe_file
 from detcore.utils import comm
 
 __all__ = [
@@ -89,6 +93,24 @@ def _atomic_write_text(path: str, text: str) -> None:
     _atomic_write(path, lambda f: f.write(text), mode="w")
 
 
+@contextlib.contextmanager
+def _ctrl_c_deferred(path: str):
+    """Let a checkpoint write finish before Ctrl-C stops the process: an interrupt that arrives
+    meanwhile is held and raised right after, with a message saying the file is complete (torch's
+    own error from a write cut short reads like disk corruption). Main thread only, as signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    if held:
+        raise KeyboardInterrupt(f"interrupted while writing {path}; the write was completed first")
+
+
 # --- reading --------------------------------------------------------------------------------------
 def load_checkpoint_file(path: str) -> Any:
     """``torch.load(path, map_location="cpu", weights_only=True)`` with errors that say why."""
@@ -97,11 +119,14 @@ def load_checkpoint_file(path: str) -> Any:
         raise FileNotFoundError(f"checkpoint file not found: {path!r}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise pickle.UnpicklingError(
-            f"Refusing to load {path!r}: it holds objects other than tensors and plain containers, "
-            f"and loading them could run arbitrary code (torch.load weights_only=True said: {e})"
-        ) from e
+    except Exception as e:  # torch.load fails in many ways on files that are not checkpoints
+        kind = describe_file(path)
+        if isinstance(e, pickle.UnpicklingError) and kind.startswith(("a zip archive of", "a Python pickle")):
+            raise pickle.UnpicklingError(
+                f"Refusing to load {path!r}: it holds objects other than tensors and plain containers, "
+                f"and loading them could run arbitrary code (torch.load weights_only=True said: {e})"
+            ) from e
+        raise ValueError(f"Cannot read checkpoint {path!r}: it seems to be {kind} ({type(e).__name__}: {e})") from e
 
 
 def load_model_weights(model: nn.Module, path: str, *, strict: bool = False) -> LoadReport:
@@ -161,6 +186,13 @@ class Checkpointer:
         if not self.save_to_disk:
             return None
         data = {"model": self.model.state_dict()}
+        bad = [k for k, v in data["model"].items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if bad:
+            shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            raise FloatingPointError(
+                f"Refusing to write checkpoint {name}: the model has infinite or NaN weights ({shown}); "
+                f"the last checkpoint in {self.save_dir} is the last good state"
+            )
         for key, obj in (("optimizer", self.optimizer), ("scheduler", self.scheduler), ("grad_scaler", self.grad_scaler)):
             if obj is not None:
                 data[key] = obj.state_dict()
@@ -168,8 +200,9 @@ class Checkpointer:
         data.update(extra)
         filename = f"{name}.pth"
         path = os.path.join(self.save_dir, filename)
-        atomic_torch_save(data, path)
-        _atomic_write_text(self._pointer_path(), filename)
+        with _ctrl_c_deferred(path):
+            atomic_torch_save(data, path)
+            _atomic_write_text(self._pointer_path(), filename)
         self._remove_stale_temp_files()
         logger.info("Saved checkpoint %s", path)
         return path
@@ -184,16 +217,30 @@ class Checkpointer:
                 pass
 
     def get_checkpoint_file(self) -> Optional[str]:
-        """The checkpoint ``last_checkpoint`` names, or None when there is none."""
+        """The checkpoint ``last_checkpoint`` names, or None when there is no ``last_checkpoint``.
+        It must name an existing file inside ``save_dir``; anything else is an error that says
+        how to go on (a pointer is never followed out of the folder, nor silently ignored)."""
+        pointer = self._pointer_path()
         try:
-            with open(self._pointer_path()) as f:
+            with open(pointer) as f:
                 name = f.read().strip()
         except FileNotFoundError:
             return None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read {pointer}: {e}") from e
+        if not name or name in (".", "..") or os.path.basename(name) != name or "\x00" in name:
+            raise ValueError(
+                f"{pointer} must hold the file name of a checkpoint in {self.save_dir}, got {name!r}; "
+                "write the name of one of its model_*.pth files into it, or remove it to start from scratch"
+            )
         path = os.path.join(self.save_dir, name)
-        if not name or not os.path.isfile(path):
-            logger.warning("%s names %r, which does not exist", self._pointer_path(), name)
-            return None
+        if not os.path.isfile(path):
+            present = sorted(f for f in os.listdir(self.save_dir) if f.endswith(".pth"))
+            raise FileNotFoundError(
+                f"{pointer} names {name!r}, which does not exist in {self.save_dir} (checkpoints there: "
+                f"{present or 'none'}). To resume, restore it or write the name of another checkpoint into "
+                f"{LAST_CHECKPOINT_FILE}; to start from scratch, remove {pointer}"
+            )
         return path
 
     def has_checkpoint(self) -> bool:

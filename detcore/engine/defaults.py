@@ -32,6 +32,7 @@ from . import hooks
 from .checkpoint import Checkpointer
 from .events import CommonMetricPrinter, JSONWriter, TensorboardWriter
 from .inference import format_results, inference_on_dataset
+from .output_dir import check_new_run, lock_output_dir
 from .train_loop import SimpleTrainer, TrainerBase
 
 __all__ = [
@@ -65,6 +66,11 @@ def default_argument_parser(description: Optional[str] = None) -> argparse.Argum
         "--resume", action="store_true",
         help="continue from OUTPUT_DIR/last_checkpoint (model, optimizer, schedule, iteration, RNG)",
     )
+    parser.add_argument(
+        "--start-over", action="store_true",
+        help="train from scratch into an OUTPUT_DIR that holds a previous run (its files are moved into a "
+        "replaced_<time> subfolder); without it, such a folder is refused unless --resume",
+    )
     parser.add_argument("--eval-only", action="store_true", help="only evaluate MODEL.WEIGHTS (or the last checkpoint with --resume)")
     parser.add_argument(
         "opts", nargs=argparse.REMAINDER, default=[],
@@ -86,15 +92,26 @@ def seed_all_rng(seed: Optional[int] = None) -> int:
 def default_setup(cfg, args: Optional[argparse.Namespace] = None) -> None:
     """Everything a run does before building the model:
 
-    joins the process group (torchrun), creates OUTPUT_DIR, logs to the console and
-    OUTPUT_DIR/log.txt, logs the environment, arguments and config, saves config.yaml, and
-    seeds the RNGs (SEED < 0: a random seed, logged; every rank gets seed + rank).
+    joins the process group (torchrun), creates OUTPUT_DIR and, for a training run (``args``
+    with ``resume`` and without ``eval_only``), takes it for this run (``output_dir.py``: a
+    lock against a concurrent run; a new run refuses a folder holding another run's
+    checkpoints unless ``args.start_over``). Then logs to the console and OUTPUT_DIR/log.txt,
+    logs the environment, arguments and config, saves config.yaml (not for an evaluation: it
+    must not replace the config of the run it evaluates), and seeds the RNGs
+    (SEED < 0: a random seed, logged; every rank gets seed + rank).
     """
     comm.init_distributed(cfg.MODEL.DEVICE)
     rank = comm.get_rank()
     output_dir = cfg.OUTPUT_DIR
+    # train_net-style arguments say whether this trains (takes the folder) or only evaluates.
+    evaluation = args is not None and (getattr(args, "eval_only", False) or not hasattr(args, "resume"))
+    training = args is not None and not evaluation
     if comm.is_main_process() and output_dir:
         os.makedirs(output_dir, exist_ok=True)
+        if training:
+            lock_output_dir(output_dir)
+            if not args.resume:
+                check_new_run(output_dir, start_over=getattr(args, "start_over", False))
     comm.synchronize()
     setup_logger(output_dir or None, distributed_rank=rank)
 
@@ -108,7 +125,7 @@ def default_setup(cfg, args: Optional[argparse.Namespace] = None) -> None:
             with open(args.config_file) as f:
                 logger.info("Contents of %s:\n%s", args.config_file, f.read())
     logger.info("Full config:\n%s", cfg.dump())
-    if comm.is_main_process() and output_dir:
+    if comm.is_main_process() and output_dir and not evaluation:
         path = os.path.join(output_dir, "config.yaml")
         with open(path, "w") as f:
             f.write(cfg.dump())
@@ -188,9 +205,15 @@ class DefaultTrainer(TrainerBase):
     def data_loader(self):
         return self._trainer.data_loader
 
-    def resume_or_load(self, resume: bool = True) -> None:
+    def resume_or_load(self, resume: bool = True, start_over: bool = False) -> None:
         """With ``resume`` and a checkpoint in OUTPUT_DIR: continue from it (next iteration after
-        the saved one). Otherwise start at 0 from MODEL.WEIGHTS (weights only) or from scratch."""
+        the saved one). Otherwise start at 0 from MODEL.WEIGHTS (weights only) or from scratch,
+        into an OUTPUT_DIR that must not hold another run's checkpoints (``start_over`` moves
+        them aside; see ``detcore.engine.output_dir``). OUTPUT_DIR is locked for this run."""
+        if comm.is_main_process():
+            lock_output_dir(self.cfg.OUTPUT_DIR)
+            if not resume:
+                check_new_run(self.cfg.OUTPUT_DIR, start_over=start_over)
         extra = self.checkpointer.resume_or_load(self.cfg.MODEL.WEIGHTS, resume=resume)
         self.start_iter = int(extra["iteration"]) + 1 if "iteration" in extra else 0
 

@@ -130,9 +130,13 @@ class SimpleTrainer(TrainerBase):
             ``GradScaler``, which scales the loss so small gradients do not flush to zero and
             skips steps whose gradients overflowed.
 
-    A loss that is NaN or infinite (on any rank: losses are averaged over ranks first, so every
-    rank sees the same values and stops together) raises ``FloatingPointError`` before the
-    backward pass, leaving the model and optimizer as they were after the previous step.
+    Divergence stops training with a ``FloatingPointError`` that names the iteration and the
+    losses, before anything non-finite reaches the weights: a loss that is NaN or infinite (on
+    any rank: losses are averaged over ranks first, so every rank sees the same values and stops
+    together) stops it before the backward pass; a non-finite gradient (after the all-reduce, so
+    again on every rank) before clipping and the optimizer step, which would write NaN into every
+    weight. The model and optimizer stay as the previous step left them. (With a float16
+    ``GradScaler`` overflowing gradients are expected: the scaler skips those steps itself.)
     """
 
     def __init__(
@@ -170,8 +174,14 @@ class SimpleTrainer(TrainerBase):
         data = next(self._data_loader_iter)
         data_time = time.perf_counter() - start
 
-        with torch.autocast(device_type=self.device_type, dtype=self.amp_dtype, enabled=self.amp_enabled):
-            loss_dict = self.model(data)
+        try:
+            with torch.autocast(device_type=self.device_type, dtype=self.amp_dtype, enabled=self.amp_enabled):
+                loss_dict = self.model(data)
+        except FloatingPointError as e:  # a part of the model saw non-finite values (e.g. the RPN)
+            raise FloatingPointError(
+                f"Training diverged at iteration={self.iter}: {e}. Stopped before the backward pass; the last "
+                "checkpoint written is the last good state."
+            ) from e
         if isinstance(loss_dict, torch.Tensor):
             loss_dict = {"total_loss": loss_dict}
         if not isinstance(loss_dict, dict) or not loss_dict:
@@ -196,6 +206,7 @@ class SimpleTrainer(TrainerBase):
             self.grad_scaler.update()
         else:
             losses.backward()
+            self._check_finite_gradients(reduced)
             if self.grad_clipper is not None:
                 self.grad_clipper(self._params())
             self.optimizer.step()
@@ -207,6 +218,22 @@ class SimpleTrainer(TrainerBase):
 
     def _params(self) -> List[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+    def _check_finite_gradients(self, losses: dict) -> None:
+        params = self._params()
+        if not params:
+            return
+        largest = torch._foreach_norm([p.grad for p in params], float("inf"))  # max |g| per tensor
+        if bool(torch.isfinite(torch.stack(largest)).all()):
+            return
+        names = {id(p): n for n, p in comm.unwrap_model(self.model).named_parameters()}
+        bad = [names.get(id(p), "?") for p, m in zip(params, largest) if not torch.isfinite(m)]
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        described = ", ".join(f"{k}={v:.4g}" for k, v in sorted(losses.items()))
+        raise FloatingPointError(
+            f"Gradients became infinite or NaN at iteration={self.iter} (losses: {described}) in {shown}. "
+            "Training stopped before the optimizer step; the weights and the last checkpoint are the last good state."
+        )
 
     def _check_finite(self, losses: dict) -> None:
         bad = {k: v for k, v in losses.items() if not math.isfinite(v)}

@@ -13,6 +13,7 @@ from detcore.engine.checkpoint import (
     LAST_CHECKPOINT_FILE,
     Checkpointer,
     atomic_torch_save,
+    load_checkpoint_file,
     load_model_weights,
 )
 from detcore.engine import checkpoint as checkpoint_module
@@ -217,3 +218,77 @@ def test_resume_or_load(tmp_path):
     ckpt.save("model_0000004", iteration=4)
     assert Checkpointer(Small(), str(out)).resume_or_load("", resume=True)["iteration"] == 4
     assert Checkpointer(Small(), str(out)).resume_or_load("", resume=False) == {}
+
+
+# --- what a careless or hostile user does to checkpoints --------------------------------------------
+def test_non_finite_weights_are_never_saved(tmp_path):
+    model, opt, _ = trained_parts()
+    ckpt = Checkpointer(model, str(tmp_path), optimizer=opt)
+    good = ckpt.save("model_0000001", iteration=1)
+    with torch.no_grad():
+        model.head.weight[0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"Refusing to write checkpoint model_0000002: .*head\.weight"):
+        ckpt.save("model_0000002", iteration=2)
+    assert not os.path.exists(tmp_path / "model_0000002.pth")
+    assert ckpt.get_checkpoint_file() == good  # the pointer still names the last good state
+
+
+@pytest.mark.parametrize(
+    "content, kind",
+    [
+        (b"this is not a checkpoint\n", "a text file starting with 'this is not a checkpoint"),
+        (b"hello world", "a text file starting with 'hello world'"),
+        (b"", "an empty file"),
+        (b"\x00\x01\x02\x03garbage", "binary data of an unknown kind"),
+    ],
+)
+def test_garbage_files_are_named_with_what_they_seem_to_be(tmp_path, content, kind):
+    path = tmp_path / "model_final.pth"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=rf"Cannot read checkpoint .*model_final\.pth.*it seems to be {kind}"):
+        load_checkpoint_file(str(path))
+    with pytest.raises(ValueError, match=rf"model_final\.pth is not a checkpoint: it seems to be {kind}"):
+        load_model_weights(Small(), str(path))
+
+
+def test_a_truncated_checkpoint_on_resume_names_the_file(tmp_path):
+    model, opt, _ = trained_parts()
+    path = Checkpointer(model, str(tmp_path), optimizer=opt).save("model_0000003", iteration=3)
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"model_0000003\.pth.*a zip archive cut short"):
+        Checkpointer(Small(), str(tmp_path)).resume()
+
+
+@pytest.mark.parametrize("pointer", ["/etc/passwd", "../elsewhere/model.pth", "sub/model.pth", "..", ""])
+def test_last_checkpoint_is_never_followed_out_of_the_folder(tmp_path, pointer):
+    (tmp_path / LAST_CHECKPOINT_FILE).write_text(pointer)
+    with pytest.raises(ValueError, match="must hold the file name of a checkpoint in"):
+        Checkpointer(Small(), str(tmp_path)).resume_or_load("", resume=True)
+
+
+def test_a_dangling_last_checkpoint_on_resume_is_an_error_not_a_fresh_start(tmp_path):
+    model, opt, _ = trained_parts()
+    Checkpointer(model, str(tmp_path), optimizer=opt).save("model_0000003", iteration=3)
+    (tmp_path / LAST_CHECKPOINT_FILE).write_text("model_0000009.pth")
+    with pytest.raises(FileNotFoundError, match=r"names 'model_0000009\.pth', which does not exist .*model_0000003\.pth"):
+        Checkpointer(Small(), str(tmp_path)).resume_or_load("", resume=True)
+
+
+def test_ctrl_c_during_a_save_finishes_the_file_then_stops_cleanly(tmp_path, monkeypatch):
+    import signal
+
+    model, opt, _ = trained_parts()
+    ckpt = Checkpointer(model, str(tmp_path), optimizer=opt)
+    real_save = torch.save
+
+    def interrupted_save(obj, f):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C arrives in the middle of the write
+        real_save(obj, f)
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", interrupted_save)
+    with pytest.raises(KeyboardInterrupt, match=r"interrupted while writing .*model_0000005\.pth; the write was completed first"):
+        ckpt.save("model_0000005", iteration=5)
+    monkeypatch.setattr(checkpoint_module.torch, "save", real_save)
+    assert Checkpointer(Small(), str(tmp_path)).resume()["iteration"] == 5
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored

@@ -166,3 +166,61 @@ def test_bad_amp_dtype_and_eval_mode_model():
     trainer = SimpleTrainer(model, endless(), torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(RuntimeError, match="eval mode"):
         trainer.train(0, 1)
+
+
+class _InfiniteGradient(torch.autograd.Function):
+    """Identity forward; the backward returns an infinite gradient (a loss that is finite while
+    its gradient overflows, as with a huge learning rate)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("inf")
+
+
+class BlowsUpInBackward(Quadratic):
+    def forward(self, batch):
+        losses = super().forward(batch)
+        if self.calls == 3:  # the third step (calls counts the finished forward passes)
+            losses["loss_b"] = _InfiniteGradient.apply(self.b).abs().sum()
+        return losses
+
+
+@pytest.mark.parametrize("clip", [False, True])
+def test_non_finite_gradients_stop_before_the_step_and_name_the_parameters(clip):
+    from detcore.config import get_cfg
+    from detcore.solver import build_gradient_clipper
+
+    cfg = get_cfg()
+    cfg.SOLVER.CLIP_GRADIENTS.ENABLED = clip  # clipping an infinite norm would write NaN everywhere
+    model = BlowsUpInBackward()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = SimpleTrainer(model, endless(), opt, grad_clipper=build_gradient_clipper(cfg))
+    before = {}
+
+    class Snapshot(HookBase):
+        def after_step(self):
+            before.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+
+    trainer.register_hooks([Snapshot()])
+    with pytest.raises(FloatingPointError, match=r"Gradients became infinite or NaN at iteration=2 .*loss_a=.*in b\b"):
+        trainer.train(0, 10)
+    for k, v in model.state_dict().items():
+        assert torch.isfinite(v).all()
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0)
+
+
+def test_a_model_that_raises_floating_point_error_is_reported_with_the_iteration():
+    class Diverges(Quadratic):
+        def forward(self, batch):
+            if self.calls == 1:
+                raise FloatingPointError("RPN predicted non-finite boxes or objectness logits")
+            return super().forward(batch)
+
+    model = Diverges()
+    trainer = SimpleTrainer(model, endless(), torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(FloatingPointError, match=r"Training diverged at iteration=1: RPN predicted non-finite"):
+        trainer.train(0, 5)

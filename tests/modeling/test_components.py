@@ -13,15 +13,7 @@ import detcore
 from detcore.config import get_cfg
 from detcore.layers import ShapeSpec
 from detcore.modeling import (
-    ANCHOR_GENERATOR_REGISTRY,
-    BACKBONE_REGISTRY,
-    META_ARCH_REGISTRY,
-    PROPOSAL_GENERATOR_REGISTRY,
-    ROI_BOX_HEAD_REGISTRY,
-    ROI_BOX_PREDICTOR_REGISTRY,
     ROI_HEADS_REGISTRY,
-    ROI_MASK_HEAD_REGISTRY,
-    RPN_HEAD_REGISTRY,
     Box2BoxTransform,
     GeneralizedRCNN,
     Matcher,
