@@ -73,12 +73,9 @@ def seconds_per_iteration(records):
 def ap_by_iteration(records):
     """{iterations done: {"bbox/AP": .., "segm/AP": ..}} of the evaluations a run logged.
 
-    metrics.json files a record under the index of the step just done (0-based), except the
-    evaluation after the last step, which comes one index later; both become steps done."""
-    steps = [r["iteration"] for r in records if "total_loss" in r and "iteration" in r]
-    done = max(steps) + 1 if steps else 0
+    metrics.json files an evaluation under the index of the step just done (0-based)."""
     return {
-        min(r["iteration"] + 1, done): {k: r[k] for k in ("bbox/AP", "segm/AP") if k in r}
+        r["iteration"] + 1: {k: r[k] for k in ("bbox/AP", "segm/AP") if k in r}
         for r in records
         if "iteration" in r and "bbox/AP" in r
     }

@@ -7,9 +7,13 @@ later inside `build_model`. The comment above each key in defaults.py lists the 
 test checks that they agree.
 """
 
-NORMS = ("", "BN", "SyncBN", "FrozenBN", "GN")
+# "" and None (yaml null) both mean no normalization.
+NORMS = ("", "BN", "SyncBN", "FrozenBN", "GN", None)
 RESNET_DEPTHS = (18, 34, 50, 101, 152)
 RES5_DILATIONS = (1, 2)
+FREEZE_AT_STAGES = (0, 1, 2, 3, 4, 5)
+# A list-valued key: each of its elements must be one of these.
+RESNET_OUT_FEATURES = ("stem", "res2", "res3", "res4", "res5")
 FPN_FUSE_TYPES = ("sum", "avg")
 # "none" is a spelling of "" (no extra level).
 FPN_TOP_BLOCKS = ("maxpool", "p6p7", "", "none")
@@ -29,7 +33,9 @@ CLIP_TYPES = ("norm", "value")
 AMP_DTYPES = ("float16", "bfloat16")
 
 CHOICES = {
+    "MODEL.BACKBONE.FREEZE_AT": FREEZE_AT_STAGES,
     "MODEL.RESNETS.DEPTH": RESNET_DEPTHS,
+    "MODEL.RESNETS.OUT_FEATURES": RESNET_OUT_FEATURES,
     "MODEL.RESNETS.NORM": NORMS,
     "MODEL.RESNETS.RES5_DILATION": RES5_DILATIONS,
     "MODEL.FPN.NORM": NORMS,
@@ -55,9 +61,15 @@ CHOICES = {
 }
 
 
-def find_violation(cfg):
-    """``(key, allowed, value)`` for the first key of `CHOICES` whose value in `cfg` is not among
-    its allowed values, or None."""
+def _allowed(value, allowed) -> bool:
+    if isinstance(value, (list, tuple)):  # a list-valued key: every element
+        return all(_allowed(v, allowed) for v in value)
+    return value in allowed and type(value) is not bool  # True == 1 must not pass for an int
+
+
+def find_violations(cfg):
+    """``[(key, allowed, value)]`` for the keys of `CHOICES` whose value in `cfg` is not allowed."""
+    found = []
     for key, allowed in CHOICES.items():
         node = cfg
         for part in key.split("."):
@@ -65,6 +77,6 @@ def find_violation(cfg):
                 break
             node = node[part]
         else:
-            if node not in allowed or type(node) is bool:
-                return key, allowed, node
-    return None
+            if not _allowed(node, allowed):
+                found.append((key, allowed, node))
+    return found

@@ -18,7 +18,7 @@ import os
 import yaml
 from yacs.config import CfgNode as _YacsCfgNode
 
-from .choices import find_violation
+from .choices import find_violations
 
 BASE_KEY = "_BASE_"
 
@@ -89,9 +89,10 @@ class CfgNode(_YacsCfgNode):
             raise AttributeError("config is frozen; call cfg.defrost() before merging into it")
         work = self.clone()
         merge(work)
-        violation = find_violation(work)
-        if violation is not None:
-            key, allowed, value = violation
+        before = {key: value for key, _, value in find_violations(self)}
+        for key, allowed, value in find_violations(work):
+            if key in before and before[key] == value:
+                continue  # set before this merge (in code): not this source's fault
             raise ConfigError(f"config key {key} in {source} must be one of {list(allowed)}, got {value!r}")
         _copy_into(work, self)
 

@@ -43,13 +43,14 @@ _C.MODEL.BACKBONE = CN()
 # Backbone name in the BACKBONE registry: "FPN" (ResNet + FPN), "ResNet" (the body alone),
 # "RetinaNetFPN" (ResNet + FPN with P6/P7 from C5); detectron2's builder names select the same.
 _C.MODEL.BACKBONE.NAME = "FPN"
-# Stages frozen (no gradient): 0 none, 1 the stem, 2 stem + res2, ... 5 everything.
+# Stages frozen (no gradient): 0 none, 1 the stem, 2 stem + res2, 3 up to res3, 4 up to res4,
+# 5 everything.
 _C.MODEL.BACKBONE.FREEZE_AT = 2
 
 _C.MODEL.RESNETS = CN()
 # Number of layers: 18 or 34 (basic blocks), 50, 101 or 152 (bottleneck blocks).
 _C.MODEL.RESNETS.DEPTH = 50
-# Stages whose outputs the backbone returns, among "stem", "res2" ... "res5".
+# Stages whose outputs the backbone returns, among "stem", "res2", "res3", "res4", "res5".
 _C.MODEL.RESNETS.OUT_FEATURES = ["res2", "res3", "res4", "res5"]
 # Groups of the 3x3 conv in bottleneck blocks: 1 for ResNet, 32 for ResNeXt-32x8d.
 _C.MODEL.RESNETS.NUM_GROUPS = 1
@@ -59,7 +60,7 @@ _C.MODEL.RESNETS.WIDTH_PER_GROUP = 64
 # False on the 3x3 conv (torchvision and most PyTorch weights).
 _C.MODEL.RESNETS.STRIDE_IN_1X1 = True
 # Normalization in the body: "FrozenBN" (fixed pretrained statistics), "BN", "SyncBN",
-# "GN" (32 groups) or "" (none).
+# "GN" (32 groups), or "" or null (none).
 _C.MODEL.RESNETS.NORM = "FrozenBN"
 # Output channels of the stem (7x7 conv + max pool).
 _C.MODEL.RESNETS.STEM_OUT_CHANNELS = 64
@@ -74,7 +75,8 @@ _C.MODEL.FPN = CN()
 _C.MODEL.FPN.IN_FEATURES = ["res2", "res3", "res4", "res5"]
 # Channels of every FPN output (p2 ... p6).
 _C.MODEL.FPN.OUT_CHANNELS = 256
-# Normalization in the lateral and output convs: "" (none), "GN", "BN", "SyncBN", "FrozenBN".
+# Normalization in the lateral and output convs: "" or null (none), "GN", "BN", "SyncBN",
+# "FrozenBN".
 _C.MODEL.FPN.NORM = ""
 # How the top-down and lateral paths combine: "sum" or "avg".
 _C.MODEL.FPN.FUSE_TYPE = "sum"
@@ -189,7 +191,7 @@ _C.MODEL.ROI_BOX_HEAD.CONV_DIM = 256
 # Fully connected layers, and their width.
 _C.MODEL.ROI_BOX_HEAD.NUM_FC = 2
 _C.MODEL.ROI_BOX_HEAD.FC_DIM = 1024
-# Normalization of the convs: "" (none), "GN", "BN", "SyncBN", "FrozenBN".
+# Normalization of the convs: "" or null (none), "GN", "BN", "SyncBN", "FrozenBN".
 _C.MODEL.ROI_BOX_HEAD.NORM = ""
 # Side of the pooled feature (7 -> 7x7 per ROI).
 _C.MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION = 7
@@ -212,7 +214,7 @@ _C.MODEL.ROI_MASK_HEAD.NAME = "MaskRCNNConvUpsampleHead"
 # 3x3 convs before the 2x deconv, and their channels (4 x 256 -> 28x28 masks).
 _C.MODEL.ROI_MASK_HEAD.NUM_CONV = 4
 _C.MODEL.ROI_MASK_HEAD.CONV_DIM = 256
-# Normalization of the convs: "" (none), "GN", "BN", "SyncBN", "FrozenBN".
+# Normalization of the convs: "" or null (none), "GN", "BN", "SyncBN", "FrozenBN".
 _C.MODEL.ROI_MASK_HEAD.NORM = ""
 # True: one mask for all classes; False: one mask per class (the box's class is used).
 _C.MODEL.ROI_MASK_HEAD.CLS_AGNOSTIC_MASK = False

@@ -222,26 +222,26 @@ class DefaultTrainer(TrainerBase):
         out = cfg.OUTPUT_DIR
         main = comm.is_main_process()
 
-        writers = self.build_writers() if main else []
-        json_writer = next((w for w in writers if isinstance(w, JSONWriter)), None)
         checkpoint_period = cfg.SOLVER.CHECKPOINT_PERIOD
+        # metrics.json's writer; the loss curves are drawn from its records.
+        metrics = JSONWriter(os.path.join(out, METRICS_FILE)) if main else None
         return [
             hooks.IterationTimer(),
             hooks.LRScheduler(self.optimizer, self.scheduler),
             # Before the checkpointer (see detcore.engine.hooks): no iteration a resumed run skips
             # is missing from metrics.json.
-            hooks.PeriodicWriter(writers, cfg.LOG_PERIOD, checkpoint_period) if main else None,
+            hooks.PeriodicWriter([metrics] + self.build_writers(), cfg.LOG_PERIOD, checkpoint_period) if main else None,
             hooks.PeriodicCheckpointer(self.checkpointer, checkpoint_period),
+            hooks.LossCurvePlotter(metrics, os.path.join(out, LOSS_CURVE_FILE), checkpoint_period) if main else None,
             # After the checkpoint: a crash while evaluating loses no training.
             hooks.EvalHook(cfg.TEST.EVAL_PERIOD, lambda: self.test(cfg, self.model)) if cfg.DATASETS.TEST else None,
-            hooks.LossCurvePlotter(json_writer, os.path.join(out, LOSS_CURVE_FILE), checkpoint_period)
-            if json_writer is not None else None,
         ]
 
     def build_writers(self) -> list:
-        out = self.cfg.OUTPUT_DIR
-        writers = [CommonMetricPrinter(self.max_iter), JSONWriter(os.path.join(out, METRICS_FILE))]
-        tensorboard = TensorboardWriter.create(out)  # None without the tensorboard package
+        """The writers besides metrics.json's (which ``build_hooks`` makes): the console line and,
+        when the tensorboard package is installed, TensorBoard event files."""
+        writers = [CommonMetricPrinter(self.max_iter)]
+        tensorboard = TensorboardWriter.create(self.cfg.OUTPUT_DIR)  # None without the tensorboard package
         if tensorboard is not None:
             writers.append(tensorboard)
         return writers

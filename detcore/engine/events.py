@@ -1,7 +1,8 @@
 """Training metrics: an in-memory ``EventStorage`` and the writers that drain it.
 
 The trainer puts scalars (losses, LR, timings, evaluation results) into the storage under the
-current iteration; writers run every LOG_PERIOD iterations (on rank 0) and send what is new to:
+current iteration; the ``PeriodicWriter`` hook runs the writers (on rank 0: every LOG_PERIOD
+iterations, at checkpoints, after evaluations) and they send what is new to:
 
 - ``JSONWriter``: ``metrics.json``, one JSON object per iteration written
   (``{"iteration": 99, "total_loss": 1.2, "loss_cls": 0.3, ..., "lr": 0.01, "time": 0.4, ...}``);
@@ -82,6 +83,7 @@ class EventStorage:
         self._history: Dict[str, HistoryBuffer] = defaultdict(HistoryBuffer)
         self._smoothing_hints: Dict[str, bool] = {}
         self._latest: Dict[str, Tuple[float, int]] = {}
+        self.num_puts = 0  # grows with every put: tells a writer whether anything came since it ran
 
     def put_scalar(self, name: str, value, smoothing_hint: bool = True, cur_iter: Optional[int] = None) -> None:
         if isinstance(value, torch.Tensor):
@@ -90,6 +92,7 @@ class EventStorage:
         it = self.iter if cur_iter is None else int(cur_iter)
         self._history[name].update(value, it)
         self._latest[name] = (value, it)
+        self.num_puts += 1
         previous = self._smoothing_hints.setdefault(name, smoothing_hint)
         if previous != smoothing_hint:
             raise ValueError(f"EventStorage: scalar '{name}' was put with smoothing_hint={previous} before")
@@ -162,7 +165,7 @@ class JSONWriter(EventWriter):
     def __init__(self, json_file: str, window_size: int = 20):
         self._path = json_file
         self._window_size = window_size
-        self._floor = -1  # iterations <= this are never written (a resumed run's past)
+        self._kept = set()  # (iteration, name) already in the file from before this run
         self._written: Dict[str, int] = {}  # scalar name -> last iteration written
         self.records: List[dict] = []
         os.makedirs(os.path.dirname(os.path.abspath(json_file)), exist_ok=True)
@@ -192,7 +195,7 @@ class JSONWriter(EventWriter):
             os.fsync(f.fileno())
         os.replace(tmp, self._path)
         self._file = open(self._path, "a", encoding="utf-8")
-        self._floor = start_iter - 1
+        self._kept = {(r["iteration"], k) for r in kept if "iteration" in r for k in r if k != "iteration"}
         self._written.clear()
         self.records = kept
 
@@ -200,7 +203,7 @@ class JSONWriter(EventWriter):
         storage = get_event_storage()
         by_iter: Dict[int, Dict[str, float]] = defaultdict(dict)
         for name, (value, it) in storage.latest_with_smoothing_hint(self._window_size).items():
-            if it > self._floor and it > self._written.get(name, -1):
+            if it > self._written.get(name, -1) and (it, name) not in self._kept:
                 by_iter[it][name] = value
         if not by_iter:
             return
@@ -218,28 +221,31 @@ class JSONWriter(EventWriter):
 
 
 class CommonMetricPrinter(EventWriter):
-    """Logs ``eta  iter  total_loss  loss_*  time  data_time  lr  [max_mem]`` at INFO level."""
+    """Logs ``eta  iter  total_loss  loss_*  time  data_time  lr  [max_mem]`` at INFO level, once
+    per training iteration at most (the iteration of the latest losses)."""
 
     def __init__(self, max_iter: int, window_size: int = 20):
         self._max_iter = max_iter
         self._window_size = window_size
         self._logger = logging.getLogger("detcore.engine.train")
+        self._last_printed = -1
 
-    def _eta(self, storage: EventStorage) -> str:
+    def _eta(self, storage: EventStorage, it: int) -> str:
         if not storage.has("time"):
             return "N/A"
-        remaining = self._max_iter - storage.iter - 1
+        remaining = self._max_iter - it - 1
         seconds = storage.history("time").median(1000) * remaining
         return str(datetime.timedelta(seconds=int(seconds)))
 
     def write(self) -> None:
         storage = get_event_storage()
-        it = storage.iter
-        if it >= self._max_iter:
-            return  # after the last step (e.g. the final evaluation): nothing to report here
-        w = self._window_size
-        parts = [f"eta: {self._eta(storage)}", f"iter: {it + 1}/{self._max_iter}"]
         latest = storage.latest()
+        it = latest["total_loss"][1] if "total_loss" in latest else storage.iter
+        if it >= self._max_iter or it <= self._last_printed:
+            return  # nothing trained since the last line (e.g. only an evaluation ran)
+        self._last_printed = it
+        w = self._window_size
+        parts = [f"eta: {self._eta(storage, it)}", f"iter: {it + 1}/{self._max_iter}"]
         losses = sorted((k for k in latest if "loss" in k), key=lambda k: (k != "total_loss", k))
         parts += [f"{k}: {storage.history(k).median(w):.4f}" for k in losses]
         for key in ("time", "data_time"):
@@ -259,7 +265,7 @@ class TensorboardWriter(EventWriter):
     def __init__(self, summary_writer, window_size: int = 20):
         self._writer = summary_writer
         self._window_size = window_size
-        self._last_write = -1
+        self._written: Dict[str, int] = {}  # scalar name -> last iteration written
 
     @classmethod
     def create(cls, log_dir: str, window_size: int = 20) -> Optional["TensorboardWriter"]:
@@ -271,12 +277,10 @@ class TensorboardWriter(EventWriter):
 
     def write(self) -> None:
         storage = get_event_storage()
-        newest = self._last_write
         for name, (value, it) in storage.latest_with_smoothing_hint(self._window_size).items():
-            if it > self._last_write:
+            if it > self._written.get(name, -1):  # per name: evaluations come after the losses
                 self._writer.add_scalar(name, value, it)
-                newest = max(newest, it)
-        self._last_write = newest
+                self._written[name] = it
 
     def close(self) -> None:
         self._writer.close()

@@ -1,14 +1,14 @@
 """The standard training hooks. ``DefaultTrainer.build_hooks`` registers them in this order:
 
-IterationTimer -> LRScheduler -> PeriodicWriter -> PeriodicCheckpointer -> EvalHook -> LossCurvePlotter
+IterationTimer -> LRScheduler -> PeriodicWriter -> PeriodicCheckpointer -> LossCurvePlotter -> EvalHook
 
 The metrics flow one way: hooks put scalars into the trainer's storage; ``PeriodicWriter``, the
 only hook that runs writers, drains it into the console, metrics.json and TensorBoard; the loss
 curves are drawn from the JSON writer's in-memory records. The writer runs before the
 checkpointer and writes at every checkpoint iteration too, so a run killed right after a save
 has every iteration it will not redo in metrics.json. Checkpoint before evaluation, so a crash
-in evaluation does not cost the checkpoint; evaluation results reach the writers at their next
-write (the final evaluation's when training ends).
+in evaluation does not cost the checkpoint; what the evaluation put into the storage is written
+before the next step starts (``PeriodicWriter.before_step``), or when training ends.
 """
 import datetime
 import logging
@@ -146,9 +146,9 @@ class EvalHook(HookBase):
 
     def before_train(self) -> None:
         if self.eval_at_end and self.trainer.start_iter >= self.trainer.max_iter:
-            # A finished run, resumed: evaluate its final model again. metrics.json already has
-            # that iteration's results, so the writers (which never rewrite an iteration a
-            # resumed run did not redo) leave it as it is.
+            # A finished run, resumed: evaluate its final model again. If metrics.json already
+            # has that iteration's results the JSON writer leaves them as they are (it never
+            # rewrites what the file holds); if the run died in that evaluation, they land now.
             self._do_eval(self.trainer.max_iter - 1)
 
     def after_step(self) -> None:
@@ -177,12 +177,23 @@ class PeriodicWriter(HookBase):
     def before_train(self) -> None:
         for w in self.writers:
             w.resume_from(self.trainer.start_iter)
+        self._puts_seen = self.trainer.storage.num_puts
+
+    def _write(self) -> None:
+        for w in self.writers:
+            w.write()
+        self._puts_seen = self.trainer.storage.num_puts
+
+    def before_step(self) -> None:
+        # Scalars put after this hook ran in the previous iteration (an evaluation's results).
+        if self.trainer.storage.num_puts != self._puts_seen:
+            self._write()
 
     def after_step(self) -> None:
         it = self.trainer.iter
         if (it + 1) % self.period == 0 or is_checkpoint_iteration(it, self.checkpoint_period, self.trainer.max_iter):
-            for w in self.writers:
-                w.write()
+            self._write()
+        self._puts_seen = self.trainer.storage.num_puts
 
     def after_train(self) -> None:
         for w in self.writers:
@@ -196,6 +207,8 @@ class LossCurvePlotter(HookBase):
     has written them). A plotting problem is logged, never fatal."""
 
     def __init__(self, json_writer: JSONWriter, out_png: str, period: int):
+        if period <= 0:
+            raise ValueError(f"LossCurvePlotter: period (SOLVER.CHECKPOINT_PERIOD) must be > 0, got {period}")
         self.json_writer = json_writer
         self.out_png = out_png
         self.period = period

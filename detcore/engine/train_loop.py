@@ -3,8 +3,9 @@
 A training run is ``before_train`` -> for each iteration ``before_step``, ``run_step``,
 ``after_step`` -> ``after_train``, with hooks (``HookBase``) doing everything that is not the
 step itself: LR schedule, timing, checkpoints, evaluation, metric writers. ``after_train`` runs
-even when a step raises; hooks that must only act on a finished run (final checkpoint, final
-evaluation, loss curve) look at ``trainer.completed``.
+even when a step raises (``trainer.completed`` says whether every iteration ran); what belongs
+to the last iteration (final checkpoint, final evaluation) happens in its ``after_step``, which
+a step that raised never reaches.
 """
 import logging
 import math

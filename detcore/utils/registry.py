@@ -80,7 +80,7 @@ class Registry:
         if alias in self._table or alias in self._aliases:
             raise KeyError(f"{self.name} registry: '{alias}' is already registered")
         self.get(name)  # must exist
-        self._aliases[alias] = name
+        self._aliases[alias] = self._aliases.get(name, name)  # an alias of an alias: the class's name
 
     def get(self, name):
         name = self._aliases.get(name, name)

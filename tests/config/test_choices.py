@@ -47,8 +47,9 @@ def comment_of(key: str) -> str:
 def test_the_comment_lists_exactly_the_allowed_values(key):
     allowed = CHOICES[key]
     comment = comment_of(key)
-    if all(isinstance(v, str) for v in allowed):
-        assert set(re.findall(r'"([^"]*)"', comment)) == set(allowed), comment
+    if all(isinstance(v, str) or v is None for v in allowed):
+        assert set(re.findall(r'"([^"]*)"', comment)) == {v for v in allowed if v is not None}, comment
+        assert ("null" in comment) == (None in allowed), comment
     else:
         numbers = set(re.findall(r"\b\d+\b", comment))
         assert {str(v) for v in allowed} <= numbers, comment
@@ -60,14 +61,30 @@ def test_defaults_are_allowed_and_merges_check_the_set(key):
     node = cfg
     for part in key.split("."):
         node = node[part]
-    assert node in CHOICES[key]
+    assert all(v in CHOICES[key] for v in node) if isinstance(node, list) else node in CHOICES[key]
     for value in CHOICES[key]:
-        cfg.merge_from_list([key, str(value)])
-    bad = "nonsense" if isinstance(node, str) else 7
+        cfg.merge_from_list([key, repr([value]) if isinstance(node, list) else str(value)])
+    bad = "nonsense" if isinstance(node, str) else (["res9"] if isinstance(node, list) else 7)
     before = cfg.dump()
     with pytest.raises(ConfigError, match=rf"config key {re.escape(key)} in the override list must be one of"):
         cfg.merge_from_list([key, str(bad)])
     assert cfg.dump() == before  # all or nothing
+
+
+def test_a_bad_value_set_in_code_is_not_blamed_on_a_later_merge():
+    cfg = get_cfg()
+    cfg.MODEL.ROI_BOX_HEAD.BBOX_REG_LOSS_TYPE = "iou"  # bypasses the merge check; build_model will refuse it
+    cfg.merge_from_list(["SOLVER.BASE_LR", "0.1"])  # unrelated: accepted
+    with pytest.raises(ConfigError, match="MODEL.RPN.BBOX_REG_LOSS_TYPE in the override list"):
+        cfg.merge_from_list(["MODEL.RPN.BBOX_REG_LOSS_TYPE", "iou"])
+
+
+def test_null_norm_and_list_valued_keys():
+    cfg = get_cfg()
+    cfg.merge_from_list(["MODEL.FPN.NORM", "None", "MODEL.RESNETS.OUT_FEATURES", "['res3', 'res5']"])
+    assert cfg.MODEL.FPN.NORM is None and get_norm(cfg.MODEL.FPN.NORM, 8) is None
+    with pytest.raises(ConfigError, match=r"MODEL.RESNETS.OUT_FEATURES .* got \['res3', 'p5'\]"):
+        cfg.merge_from_list(["MODEL.RESNETS.OUT_FEATURES", "['res3', 'p5']"])
 
 
 def test_a_bad_value_in_a_file_names_the_file_and_the_key(tmp_path):
@@ -82,7 +99,7 @@ def test_a_bad_value_in_a_file_names_the_file_and_the_key(tmp_path):
 def test_norms_and_depths_are_what_the_layers_build():
     for norm in NORMS:
         layer = get_norm(norm, 32)
-        assert (layer is None) == (norm == "")
+        assert (layer is None) == (norm in ("", None))
     assert set(_BLOCKS_PER_STAGE) == set(RESNET_DEPTHS)
 
 

@@ -43,7 +43,9 @@ def test_training_run_writes_metrics_checkpoints_eval_and_curves(tiny_cache, tmp
 
     records = read_metrics(str(tmp_path / "metrics.json"))
     train_lines = [r for r in records if "total_loss" in r]
-    assert [r["iteration"] for r in train_lines] == [1, 3, 5]
+    # Every LOG_PERIOD (2) iterations, and iteration 2 too: its evaluation's results are written,
+    # with whatever else is new, before the next step.
+    assert [r["iteration"] for r in train_lines] == [1, 2, 3, 5]
     for r in train_lines:
         assert {"loss_cls", "loss_box_reg", "total_loss", "lr", "time", "data_time"} <= set(r)
     # lr recorded is the one used at that iteration: linear warmup over 2 iterations from 0.001x.
@@ -245,3 +247,34 @@ def test_tiny_mask_rcnn_loss_decreases(tiny_cache, tmp_path):
     assert checkpoints(tmp_path) == ["model_final.pth"]
     lines = [json.loads(line) for line in open(tmp_path / "metrics.json")]
     assert {"loss_rpn_cls", "loss_rpn_loc", "loss_cls", "loss_box_reg", "loss_mask"} <= set(lines[-1])
+
+
+def test_evaluation_results_reach_every_writer_before_the_next_step(tiny_cache, tmp_path, monkeypatch):
+    # The writer runs before the checkpointer and the evaluation after it; what the evaluation
+    # put into the storage must be on disk before training goes on (a kill then would lose it for
+    # good: the resumed run starts after the checkpoint and does not evaluate again), and in
+    # TensorBoard, whose writer once skipped values older than the newest it had written.
+    cfg = toy_cfg(tmp_path, "SOLVER.MAX_ITER", "5", "SOLVER.CHECKPOINT_PERIOD", "2", "LOG_PERIOD", "100",
+                  "TEST.EVAL_PERIOD", "2")
+    trainer = DefaultTrainer(cfg)
+    trainer.resume_or_load(resume=False)
+    on_disk_at_step = {}
+    run_step = trainer.run_step
+
+    def spying_step():
+        records = read_metrics(str(tmp_path / "metrics.json"))
+        on_disk_at_step[trainer.iter] = [r["iteration"] for r in records if "bbox/AP" in r]
+        run_step()
+
+    monkeypatch.setattr(trainer, "run_step", spying_step)
+    trainer.train()
+    assert on_disk_at_step[2] == [1] and on_disk_at_step[4] == [1, 3]
+    records = read_metrics(str(tmp_path / "metrics.json"))
+    assert [r["iteration"] for r in records if "bbox/AP" in r] == [1, 3, 4]
+    assert [r["iteration"] for r in records if "total_loss" in r] == [1, 3, 4]
+
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    events = event_accumulator.EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [e.step for e in events.Scalars("bbox/AP")] == [1, 3, 4]
+    assert [e.step for e in events.Scalars("total_loss")] == [1, 3, 4]

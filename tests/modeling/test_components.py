@@ -218,7 +218,7 @@ def test_every_registry_is_selected_by_a_declared_config_key():
         for name in registry.names() + list(registry.aliases()):
             cfg = get_cfg()
             cfg.merge_from_list([registry.config_key, name])
-            assert registry.selected_name(cfg) == name
+            assert registry.get(registry.selected_name(cfg)) is registry.get(name)
 
 
 def test_a_typo_in_any_registry_names_the_key_and_the_closest_name():
@@ -273,8 +273,24 @@ def test_registries_refuse_what_breaks_the_rule():
     with pytest.raises(KeyError, match="already registered"):
         registry.register(RPN, name="StandardRPNHead")
     registry.register_alias("rpn_head", "StandardRPNHead")
-    assert registry.get("rpn_head") is StandardRPNHead and registry.names() == ["StandardRPNHead"]
+    registry.register_alias("head_of_the_rpn", "rpn_head")  # an alias of an alias
+    assert registry.get("rpn_head") is registry.get("head_of_the_rpn") is StandardRPNHead
+    assert registry.names() == ["StandardRPNHead"]
     with pytest.raises(KeyError, match="already registered"):
         registry.register_alias("rpn_head", "StandardRPNHead")
     with pytest.raises(KeyError, match="No TEST named 'RPN'"):
         registry.register_alias("x", "RPN")
+
+
+def test_retinanet_fpn_is_the_fpn_with_p6p7_weight_for_weight():
+    # Same seed, same weights: building RetinaNetFPN draws no extra random numbers.
+    cfg = small_cfg()
+    cfg.merge_from_list(["MODEL.FPN.TOP_BLOCK", "p6p7"])
+    torch.manual_seed(0)
+    fpn = build_from_config(FPN, cfg, ShapeSpec(channels=3))
+    cfg.merge_from_list(["MODEL.FPN.TOP_BLOCK", "maxpool"])
+    torch.manual_seed(0)
+    retina = build_from_config(RetinaNetFPN, cfg, ShapeSpec(channels=3))
+    assert fpn.state_dict().keys() == retina.state_dict().keys()
+    for k, v in fpn.state_dict().items():
+        assert torch.equal(v, retina.state_dict()[k]), k

@@ -164,15 +164,18 @@ class FPN(Backbone):
         self._size_divisibility = strides[-1]
 
     @classmethod
-    def from_config(cls, cfg, input_shape):
+    def from_config(cls, cfg, input_shape, top_block=None):
+        """``top_block``: the extra levels' name (see ``build_top_block``) when a subclass fixes
+        it; None takes MODEL.FPN.TOP_BLOCK."""
         bottom_up = build_from_config(ResNet, cfg, input_shape)
         fpn = cfg.MODEL.FPN
+        top_block = fpn.TOP_BLOCK if top_block is None else top_block
         return {
             "bottom_up": bottom_up,
             "in_features": fpn.IN_FEATURES,
             "out_channels": fpn.OUT_CHANNELS,
             "norm": fpn.NORM,
-            "top_block": build_top_block(fpn.TOP_BLOCK, bottom_up.output_shape(), fpn.OUT_CHANNELS),
+            "top_block": build_top_block(top_block, bottom_up.output_shape(), fpn.OUT_CHANNELS),
             "fuse_type": fpn.FUSE_TYPE,
         }
 
@@ -221,14 +224,11 @@ def build_top_block(name, bottom_up_shapes, out_channels):
 
 @BACKBONE_REGISTRY.register()
 class RetinaNetFPN(FPN):
-    """ResNet + FPN with RetinaNet's P6/P7 from C5, whatever MODEL.FPN.TOP_BLOCK says: the
-    FPN's rule with one argument overridden."""
+    """ResNet + FPN with RetinaNet's P6/P7 from C5, whatever MODEL.FPN.TOP_BLOCK says."""
 
     @classmethod
     def from_config(cls, cfg, input_shape):
-        args = super().from_config(cfg, input_shape)
-        args["top_block"] = build_top_block("p6p7", args["bottom_up"].output_shape(), cfg.MODEL.FPN.OUT_CHANNELS)
-        return args
+        return super().from_config(cfg, input_shape, top_block="p6p7")
 
 
 # detectron2's names for the same backbones, so its configs select them unchanged.

@@ -24,6 +24,7 @@ checkpoint.
 from torch import nn
 from torch.nn import functional as F
 
+from detcore.config.choices import FREEZE_AT_STAGES, RES5_DILATIONS, RESNET_DEPTHS, RESNET_OUT_FEATURES
 from detcore.layers.batch_norm import FrozenBatchNorm2d, get_norm
 from detcore.layers.conv import c2_msra_fill, conv_norm
 
@@ -208,22 +209,20 @@ class ResNet(Backbone):
         zero_init_residual=False,
     ):
         super().__init__()
-        if depth not in _BLOCKS_PER_STAGE:
-            raise ValueError(
-                f"ResNet: depth must be one of {sorted(_BLOCKS_PER_STAGE)}, got {depth}"
-            )
+        if depth not in RESNET_DEPTHS:
+            raise ValueError(f"ResNet: depth must be one of {list(RESNET_DEPTHS)}, got {depth}")
         out_features = list(out_features)
-        known = ("stem",) + _STAGE_NAMES
+        known = RESNET_OUT_FEATURES
         unknown = [name for name in out_features if name not in known]
         if not out_features or unknown:
             raise ValueError(
                 f"ResNet: out_features must be a non-empty subset of {list(known)}, "
                 f"got {out_features}"
             )
-        if res5_dilation not in (1, 2):
-            raise ValueError(f"ResNet: res5_dilation must be 1 or 2, got {res5_dilation}")
-        if not 0 <= freeze_at <= 5:
-            raise ValueError(f"ResNet: freeze_at must be in 0..5, got {freeze_at}")
+        if res5_dilation not in RES5_DILATIONS:
+            raise ValueError(f"ResNet: res5_dilation must be one of {list(RES5_DILATIONS)}, got {res5_dilation}")
+        if freeze_at not in FREEZE_AT_STAGES:
+            raise ValueError(f"ResNet: freeze_at must be one of {list(FREEZE_AT_STAGES)}, got {freeze_at}")
         basic = depth in (18, 34)
         if res2_out_channels is None:
             res2_out_channels = 64 if basic else 256
