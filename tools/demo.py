@@ -25,6 +25,10 @@ def parse_args():
     parser.add_argument("--output", required=True, help="folder for the PNGs (created if missing)")
     parser.add_argument("--confidence-threshold", type=float, default=0.5, help="draw detections scoring at least this")
     parser.add_argument("--max-images", type=int, default=0, help="only the first N images (0: all)")
+    parser.add_argument(
+        "--allow-random-weights", action="store_true",
+        help="draw the predictions of an untrained model when MODEL.WEIGHTS is empty (otherwise refused)",
+    )
     parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE overrides; set MODEL.WEIGHTS")
     args = parser.parse_args()
     # "--input a.png MODEL.WEIGHTS x.pth" (overrides right after the inputs): nargs="+" took
@@ -48,6 +52,11 @@ def main():
     cfg.merge_from_file(args.config_file)
     cfg.merge_from_list(args.opts)
     cfg.freeze()
+    if not cfg.MODEL.WEIGHTS and not args.allow_random_weights:
+        raise SystemExit(
+            "demo: MODEL.WEIGHTS is empty, so the model would have random weights and draw noise. Give the "
+            "checkpoint (MODEL.WEIGHTS path/to/model_final.pth), or add --allow-random-weights if that is the intent."
+        )
     paths = collect_image_paths(args.input)
     if args.max_images > 0:
         paths = paths[: args.max_images]

@@ -1,11 +1,14 @@
-"""The closed sets of values: one source for the code that checks an argument and for the config.
+"""What config values may be: one source for the code that checks an argument and for the config.
 
 Each tuple is what the code accepts (the constructors and builders test their arguments against
 it), and `CHOICES` maps the config keys that take one of them to it, so that a value outside
 the set fails when it is merged into a config (naming the key and the allowed values), not
 later inside `build_model`. The comment above each key in defaults.py lists the same values; a
-test checks that they agree.
+test checks that they agree. `RANGES` does the same for numbers that must lie in an interval
+(an IoU threshold of 5.0 would silently suppress nothing), and `MODEL.DEVICE` must be a device
+name torch knows.
 """
+import math
 
 # "" and None (yaml null) both mean no normalization.
 NORMS = ("", "BN", "SyncBN", "FrozenBN", "GN", None)
@@ -59,6 +62,100 @@ CHOICES = {
     "SOLVER.CLIP_GRADIENTS.CLIP_TYPE": CLIP_TYPES,
     "SOLVER.AMP.DTYPE": AMP_DTYPES,
 }
+
+
+# key -> (lowest, highest) allowed, inclusive; for a list-valued key, each element.
+INF = float("inf")
+RANGES = {
+    "MODEL.BACKBONE.FREEZE_AT": (0, 5),
+    "MODEL.ANCHOR_GENERATOR.OFFSET": (0.0, 1.0),
+    "MODEL.RPN.IOU_THRESHOLDS": (0.0, 1.0),
+    "MODEL.RPN.BATCH_SIZE_PER_IMAGE": (1, INF),
+    "MODEL.RPN.POSITIVE_FRACTION": (0.0, 1.0),
+    "MODEL.RPN.SMOOTH_L1_BETA": (0.0, INF),
+    "MODEL.RPN.PRE_NMS_TOPK_TRAIN": (1, INF),
+    "MODEL.RPN.PRE_NMS_TOPK_TEST": (1, INF),
+    "MODEL.RPN.POST_NMS_TOPK_TRAIN": (1, INF),
+    "MODEL.RPN.POST_NMS_TOPK_TEST": (1, INF),
+    "MODEL.RPN.NMS_THRESH": (0.0, 1.0),
+    "MODEL.RPN.MIN_SIZE": (0.0, INF),
+    "MODEL.ROI_HEADS.NUM_CLASSES": (1, INF),
+    "MODEL.ROI_HEADS.IOU_THRESHOLDS": (0.0, 1.0),
+    "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE": (1, INF),
+    "MODEL.ROI_HEADS.POSITIVE_FRACTION": (0.0, 1.0),
+    "MODEL.ROI_HEADS.SCORE_THRESH_TEST": (0.0, 1.0),
+    "MODEL.ROI_HEADS.NMS_THRESH_TEST": (0.0, 1.0),
+    "MODEL.ROI_HEADS.MIN_BOX_SIZE_TEST": (0.0, INF),
+    "MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION": (1, INF),
+    "MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO": (0, 64),
+    "MODEL.ROI_BOX_HEAD.SMOOTH_L1_BETA": (0.0, INF),
+    "MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION": (1, INF),
+    "MODEL.ROI_MASK_HEAD.POOLER_SAMPLING_RATIO": (0, 64),
+    "MODEL.ROI_MASK_HEAD.MASK_THRESHOLD": (0.0, 1.0),
+    "INPUT.SIZE_DIVISIBILITY": (0, INF),
+    "DATALOADER.NUM_WORKERS": (0, INF),
+    "SOLVER.IMS_PER_BATCH": (1, INF),
+    "SOLVER.BASE_LR": (0.0, INF),
+    "SOLVER.MOMENTUM": (0.0, 1.0),
+    "SOLVER.WEIGHT_DECAY": (0.0, INF),
+    "SOLVER.WEIGHT_DECAY_NORM": (0.0, INF),
+    "SOLVER.MAX_ITER": (0, INF),
+    "SOLVER.GAMMA": (0.0, INF),
+    "SOLVER.WARMUP_FACTOR": (0.0, 1.0),
+    "SOLVER.WARMUP_ITERS": (0, INF),
+    "SOLVER.CHECKPOINT_PERIOD": (1, INF),
+    "SOLVER.CLIP_GRADIENTS.CLIP_VALUE": (0.0, INF),
+    "TEST.DETECTIONS_PER_IMAGE": (1, INF),
+    "TEST.EVAL_PERIOD": (0, INF),
+    "LOG_PERIOD": (1, INF),
+}
+
+
+def device_problem(value) -> "str | None":
+    """Why ``value`` is not a device name torch knows ("cpu", "cuda", "cuda:1", ...), or None.
+    (Whether that device exists here is checked when the model is built.)"""
+    import torch
+
+    try:
+        torch.device(value)
+    except (RuntimeError, TypeError, ValueError) as e:
+        return f"must be a torch device such as 'cpu', 'cuda' or 'cuda:1' ({e})"
+    return None
+
+
+def _in_range(value, bounds) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_in_range(v, bounds) for v in value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return True  # the type check of the merge reports wrong types
+    return not math.isnan(value) and bounds[0] <= value <= bounds[1]
+
+
+def find_problems(cfg):
+    """``[(key, message)]`` for every value of ``cfg`` outside its set, range or kind."""
+    problems = [(key, f"must be one of {list(allowed)}, got {value!r}") for key, allowed, value in find_violations(cfg)]
+    for key, bounds in RANGES.items():
+        value = _lookup(cfg, key)
+        if value is not _MISSING and not _in_range(value, bounds):
+            lo, hi = bounds
+            hi = "inf" if hi == INF else hi
+            problems.append((key, f"must lie in [{lo}, {hi}], got {value!r}"))
+    device = _lookup(cfg, "MODEL.DEVICE")
+    if device is not _MISSING and device_problem(device):
+        problems.append(("MODEL.DEVICE", f"{device_problem(device)}, got {device!r}"))
+    return problems
+
+
+_MISSING = object()
+
+
+def _lookup(cfg, key):
+    node = cfg
+    for part in key.split("."):
+        if part not in node:
+            return _MISSING
+        node = node[part]
+    return node
 
 
 def _allowed(value, allowed) -> bool:

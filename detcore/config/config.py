@@ -8,7 +8,8 @@ yacs gives the tree, attribute access, `clone`/`freeze`/`dump` and the value par
 - an unknown key (in a file, a list or another cfg) names the key, where it came from and
   the closest existing key ("did you mean MODEL.RPN.NMS_THRESH?");
 - a type mismatch names the key, the expected type and the value given;
-- a value outside a key's closed set of values (config/choices.py) names the key and the set;
+- a value outside a key's closed set of values or range, or a device torch does not know
+  (config/choices.py), names the key and what it may be;
 - a merge is all or nothing: it runs on a copy, so a bad file leaves the config untouched.
 """
 import ast
@@ -18,7 +19,7 @@ import os
 import yaml
 from yacs.config import CfgNode as _YacsCfgNode
 
-from .choices import find_violations
+from .choices import find_problems
 
 BASE_KEY = "_BASE_"
 
@@ -89,11 +90,11 @@ class CfgNode(_YacsCfgNode):
             raise AttributeError("config is frozen; call cfg.defrost() before merging into it")
         work = self.clone()
         merge(work)
-        before = {key: value for key, _, value in find_violations(self)}
-        for key, allowed, value in find_violations(work):
-            if key in before and before[key] == value:
+        before = dict(find_problems(self))
+        for key, message in find_problems(work):
+            if before.get(key) == message:
                 continue  # set before this merge (in code): not this source's fault
-            raise ConfigError(f"config key {key} in {source} must be one of {list(allowed)}, got {value!r}")
+            raise ConfigError(f"config key {key} in {source} {message}")
         _copy_into(work, self)
 
     def _merge_dict(self, data, source, prefix="", root=None):

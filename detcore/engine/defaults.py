@@ -100,6 +100,7 @@ def default_setup(cfg, args: Optional[argparse.Namespace] = None) -> None:
     must not replace the config of the run it evaluates), and seeds the RNGs
     (SEED < 0: a random seed, logged; every rank gets seed + rank).
     """
+    comm.resolve_device(cfg.MODEL.DEVICE)  # before anything else: a missing GPU is a one-line error
     comm.init_distributed(cfg.MODEL.DEVICE)
     rank = comm.get_rank()
     output_dir = cfg.OUTPUT_DIR

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from detcore.structures import ImageList, Instances
+from detcore.utils import comm
 from detcore.utils.registry import Registry
 
 from .backbone import Backbone, build_backbone
@@ -136,4 +137,5 @@ class GeneralizedRCNN(nn.Module):
 
 def build_model(cfg) -> nn.Module:
     """The model named by cfg.MODEL.META_ARCHITECTURE, on cfg.MODEL.DEVICE."""
-    return META_ARCH_REGISTRY.build(cfg).to(torch.device(cfg.MODEL.DEVICE))
+    device = comm.resolve_device(cfg.MODEL.DEVICE)
+    return META_ARCH_REGISTRY.build(cfg).to(device)

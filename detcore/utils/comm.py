@@ -26,6 +26,7 @@ __all__ = [
     "get_local_size",
     "is_main_process",
     "unwrap_model",
+    "resolve_device",
     "synchronize",
     "all_gather",
     "gather",
@@ -114,6 +115,22 @@ def get_local_rank() -> int:
 def get_local_size() -> int:
     """Processes on this machine (torchrun's LOCAL_WORLD_SIZE; 1 without one)."""
     return _env_int("LOCAL_WORLD_SIZE", 1) if is_distributed() else 1
+
+
+def resolve_device(name: str) -> torch.device:
+    """``torch.device(name)`` for MODEL.DEVICE, after checking this machine has it: a CUDA device
+    without a GPU (or past the last GPU) is an error naming the key, not a failure deep in torch."""
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise RuntimeError(
+                f"MODEL.DEVICE is {name!r}, but torch sees no CUDA GPU on this machine "
+                "(torch.cuda.is_available() is False): set MODEL.DEVICE cpu"
+            )
+        if device.index is not None and device.index >= count:
+            raise RuntimeError(f"MODEL.DEVICE is {name!r}, but this machine has {count} CUDA GPU(s): cuda:0 .. cuda:{count - 1}")
+    return device
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:

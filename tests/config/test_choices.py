@@ -163,3 +163,40 @@ def test_giou_box_loss_is_one_minus_giou_of_the_decoded_box_over_all_rois():
     deltas = torch.zeros(2, 8, dtype=torch.float64)
     deltas[0, 4:8] = d[0]  # class 1's slot of the foreground ROI
     assert _box_loss("giou", deltas).abs() < 1e-6
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("MODEL.RPN.NMS_THRESH", "5.0"),  # would suppress nothing
+        ("MODEL.ROI_HEADS.NMS_THRESH_TEST", "-0.1"),
+        ("MODEL.ROI_HEADS.SCORE_THRESH_TEST", "1.5"),
+        ("MODEL.ROI_HEADS.IOU_THRESHOLDS", "[0.5, 1.5]"),
+        ("SOLVER.BASE_LR", "-0.01"),
+        ("SOLVER.CHECKPOINT_PERIOD", "0"),
+        ("MODEL.ROI_BOX_HEAD.POOLER_SAMPLING_RATIO", "100000"),
+    ],
+)
+def test_numbers_outside_their_range_are_refused_at_merge(key, value):
+    with pytest.raises(ConfigError, match=rf"config key {re.escape(key)} in the override list must lie in \["):
+        get_cfg().merge_from_list([key, value])
+
+
+def test_nan_from_a_yaml_file_is_refused(tmp_path):
+    path = tmp_path / "nan.yaml"
+    path.write_text("MODEL:\n  RPN:\n    NMS_THRESH: .nan\n")
+    with pytest.raises(ConfigError, match=r"MODEL.RPN.NMS_THRESH in .*nan.yaml must lie in \[0.0, 1.0\], got nan"):
+        get_cfg().merge_from_file(str(path))
+
+
+def test_device_names_are_checked_at_merge_and_availability_at_build():
+    from detcore.utils.comm import resolve_device
+
+    cfg = get_cfg()
+    with pytest.raises(ConfigError, match=r"MODEL.DEVICE in the override list must be a torch device .* got 'gpu'"):
+        cfg.merge_from_list(["MODEL.DEVICE", "gpu"])
+    cfg.merge_from_list(["MODEL.DEVICE", "cuda:3"])  # a valid name: whether it exists is for the build
+    if torch.cuda.device_count() < 4:
+        with pytest.raises(RuntimeError, match=r"MODEL.DEVICE is 'cuda:3', but"):
+            resolve_device(cfg.MODEL.DEVICE)
+    assert resolve_device("cpu") == torch.device("cpu")

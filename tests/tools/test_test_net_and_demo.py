@@ -93,3 +93,15 @@ def test_tiny_mask_rcnn_checkpoint_ap_and_demo(tiny_cache, tmp_path):
     run("demo.py", ["--input", os.path.join(val_images(), "*.png"), "--output", str(out), "--max-images", "3",
                     *TINY_RCNN, "MODEL.WEIGHTS", weights], tiny_cache)
     check_pngs(out, [os.path.splitext(n)[0] + ".png" for n in sorted(os.listdir(val_images()))[:3]])
+
+
+def test_demo_refuses_random_weights_unless_asked(tiny_cache, tmp_path):
+    out = tmp_path / "demo"
+    image = os.path.join(val_images(), sorted(os.listdir(val_images()))[0])
+    cmd = [sys.executable, LAUNCHER, os.path.join(REPO, "tools", "demo.py"), "--config-file", CONFIG,
+           "--input", image, "--output", str(out), *TINY_RCNN]
+    proc = subprocess.run(cmd, env=subprocess_env(tiny_cache), capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode != 0 and "MODEL.WEIGHTS is empty" in proc.stderr and "--allow-random-weights" in proc.stderr
+    assert not out.exists()
+    stdout = run("demo.py", ["--input", image, "--output", str(out), "--allow-random-weights", *TINY_RCNN], tiny_cache)
+    assert "Wrote 1 picture(s)" in stdout
