@@ -5,7 +5,7 @@ The ops need only torch and detcore._C at run time (no torchvision).
 from .batch_norm import FrozenBatchNorm2d, get_norm
 from .conv import Conv2d, c2_msra_fill, c2_xavier_fill
 from .nms import batched_nms, nms
-from .roi_align import ROIAlign, roi_align
+from .roi_align import ROIAlign, RoIAlign, roi_align
 from .shape_spec import ShapeSpec
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "batched_nms",
     "roi_align",
     "ROIAlign",
+    "RoIAlign",
     "FrozenBatchNorm2d",
     "get_norm",
     "Conv2d",

@@ -36,4 +36,6 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
     """
     if not torch.jit.is_scripting():  # TorchScript cannot read the loader's state
         ensure_loaded()
+    if boxes.numel() == 0:  # as torchvision: nothing to check about the other arguments
+        return torch.empty((0,), dtype=torch.int64, device=boxes.device)
     return torch.ops.detcore.batched_nms(boxes, scores, idxs, float(iou_threshold))

@@ -74,8 +74,14 @@ def roi_align(
     )
 
 
+# A leaf for torch.fx symbolic tracing (its argument checks call len() on a list of boxes, which
+# a tracer cannot follow), as torchvision does: feature extractors built with torch.fx keep it whole.
+torch.fx.wrap("roi_align")
+
+
 class ROIAlign(nn.Module):
-    """nn.Module form of `roi_align` with fixed arguments."""
+    """nn.Module form of `roi_align` with fixed arguments (``output_size`` kept as given, and the
+    repr in torchvision's form)."""
 
     def __init__(
         self,
@@ -85,7 +91,7 @@ class ROIAlign(nn.Module):
         aligned: bool = False,
     ):
         super().__init__()
-        self.output_size = _pair(output_size)
+        self.output_size = output_size
         self.spatial_scale = float(spatial_scale)
         self.sampling_ratio = int(sampling_ratio)
         self.aligned = bool(aligned)
@@ -98,3 +104,8 @@ class ROIAlign(nn.Module):
             f"output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
             f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}"
         )
+
+
+class RoIAlign(ROIAlign):
+    """torchvision's spelling of ``ROIAlign``, so that swapping ``torchvision.ops`` for
+    ``detcore.layers`` needs no renaming."""

@@ -154,3 +154,12 @@ def test_bad_input_names_the_argument():
     _raises("boxes", torch.rand(5, 5), scores, idxs, 0.5)
     _raises("scores", boxes, torch.rand(4), idxs, 0.5)
     _raises("boxes", torch.randint(0, 9, (5, 4)), scores, idxs, 0.5)
+
+
+def test_empty_boxes_return_empty_before_the_other_arguments_are_looked_at():
+    # torchvision returns an empty result for no boxes whatever the rest is (None included).
+    for boxes in (torch.empty(0, 4), torch.empty(0, 4, dtype=torch.float64)):
+        keep = batched_nms(boxes, None, None, None)
+        assert keep.dtype == torch.int64 and keep.shape == (0,)
+    keep = batched_nms(torch.empty(0, 4), torch.empty(0), torch.empty(0, dtype=torch.int64), 0.5)
+    assert keep.shape == (0,)

@@ -294,3 +294,41 @@ def test_bad_batch_index_names_rois(index):
         torch.ops.detcore._roi_align_backward(
             torch.rand(2, 3, 2, 2), rois, 1.0, 2, 2, 2, 3, 8, 8, 2, True
         )
+
+
+# --- drop-in details that torchvision users rely on -------------------------------------------------
+class _PoolsBoxLists(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pool = ROIAlign(3, 0.5, 2, aligned=True)
+
+    def forward(self, x, boxes):
+        return self.pool(x, boxes) * 2
+
+
+def test_fx_symbolic_tracing_keeps_roi_align_a_leaf():
+    # As with torchvision, the function is a leaf where its own module calls it (ROIAlign.forward,
+    # the feature-extraction case); a tracer cannot follow its len() of a list of boxes.
+    module = _PoolsBoxLists()
+    traced = torch.fx.symbolic_trace(module)
+    targets = [node.target for node in traced.graph.nodes if node.op == "call_function"]
+    assert roi_align in targets  # one call node, not its internals
+    x = torch.randn(2, 4, 10, 10)
+    boxes = [torch.tensor([[1.0, 1.0, 9.0, 9.0]]), torch.tensor([[0.0, 2.0, 5.0, 7.0], [3.0, 3.0, 4.0, 4.0]])]
+    torch.testing.assert_close(traced(x, boxes), module(x, boxes), rtol=0, atol=0)
+
+
+def test_roialign_spelling_and_repr_match_torchvision():
+    from detcore.layers import RoIAlign
+
+    ours = RoIAlign(7, spatial_scale=0.25, sampling_ratio=2, aligned=True)
+    assert isinstance(ours, ROIAlign) and ours.output_size == 7
+    expected = "RoIAlign(output_size=7, spatial_scale=0.25, sampling_ratio=2, aligned=True)"
+    assert repr(ours) == expected
+    if torchvision is not None:
+        assert repr(torchvision.ops.RoIAlign(7, 0.25, 2, True)) == expected
+        assert repr(ROIAlign((7, 5), 0.5, 0)) == repr(torchvision.ops.RoIAlign((7, 5), 0.5, 0)).replace("RoIAlign", "ROIAlign")
+    scripted = torch.jit.script(RoIAlign(2, 1.0, 1))
+    x = torch.randn(1, 2, 6, 6)
+    rois = torch.tensor([[0.0, 1.0, 1.0, 4.0, 5.0]])
+    torch.testing.assert_close(scripted(x, rois), roi_align(x, rois, 2, 1.0, 1), rtol=0, atol=0)
