@@ -153,6 +153,26 @@ def test_nan_loss_stops_training_and_keeps_last_good_checkpoint(tiny_cache, tmp_
     assert not any("bbox/AP" in r for r in records)
 
 
+@pytest.mark.parametrize("clip", ["True", "False"])
+def test_divergence_from_a_huge_learning_rate_leaves_a_resumable_run(tiny_cache, tmp_path, clip):
+    # SOLVER.BASE_LR 1e6 once ended with a message naming no loss and a last checkpoint of NaN
+    # weights (clipping infinite gradients writes NaN): --resume then failed at once.
+    cfg = toy_cfg(tmp_path, "SOLVER.MAX_ITER", "30", "SOLVER.CHECKPOINT_PERIOD", "1", "LOG_PERIOD", "1",
+                  "SOLVER.BASE_LR", "1e6", "SOLVER.WARMUP_ITERS", "0", "SOLVER.CLIP_GRADIENTS.ENABLED", clip,
+                  "DATASETS.TEST", "()")
+    trainer = DefaultTrainer(cfg)
+    trainer.resume_or_load(resume=False)
+    with pytest.raises(FloatingPointError, match=r"iteration=\d+.*(loss|weights)"):
+        trainer.train()
+    for name in checkpoints(tmp_path):
+        for k, v in load_checkpoint_file(str(tmp_path / name))["model"].items():
+            assert torch.isfinite(v).all(), (name, k)
+    if (tmp_path / LAST_CHECKPOINT_FILE).exists():
+        again = DefaultTrainer(cfg)
+        again.resume_or_load(resume=True)  # loads: the last checkpoint is a good state
+        assert again.start_iter >= 1
+
+
 def test_sigkill_then_resume_restores_the_saved_state(tiny_cache, tmp_path):
     out = tmp_path / "run"
     args = [
