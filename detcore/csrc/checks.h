@@ -2,9 +2,17 @@
 // was expected, and is raised as a Python ValueError: bad input must never reach a kernel.
 #pragma once
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 
 namespace detcore {
+
+// ROIAlign's work per bin is bounded: an explicit sampling ratio up to kMaxSamplingRatio, and an
+// adaptive grid (ceil(roi size / output size) per side) of at most kMaxSamplesPerBin samples. A
+// huge roi or spatial_scale would otherwise loop for hours, uninterruptibly, or exhaust memory.
+constexpr int64_t kMaxSamplingRatio = 128;
+constexpr int64_t kMaxSamplesPerBin = kMaxSamplingRatio * kMaxSamplingRatio;
 
 // The CPU kernels compute in float32 and float64 only (half types go through autocast).
 inline void check_cpu_dtype(const char* op, const char* what, const at::Tensor& t) {
@@ -14,7 +22,11 @@ inline void check_cpu_dtype(const char* op, const char* what, const at::Tensor& 
       " (use .float(), or run under torch.autocast)");
 }
 
-inline void check_nms_inputs(const char* op, const at::Tensor& boxes, const at::Tensor& scores) {
+inline void check_nms_inputs(
+    const char* op, const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold) {
+  TORCH_CHECK_VALUE(
+      std::isfinite(iou_threshold), op, ": iou_threshold must be a finite number, got ",
+      iou_threshold);
   TORCH_CHECK_VALUE(
       boxes.dim() == 2 && boxes.size(1) == 4, op,
       ": boxes must have shape [N, 4] (x1, y1, x2, y2), got ", boxes.sizes());
@@ -35,8 +47,9 @@ inline void check_nms_inputs(const char* op, const at::Tensor& boxes, const at::
 }
 
 inline void check_batched_nms_inputs(
-    const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs) {
-  check_nms_inputs("batched_nms", boxes, scores);
+    const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs,
+    double iou_threshold) {
+  check_nms_inputs("batched_nms", boxes, scores, iou_threshold);
   TORCH_CHECK_VALUE(
       idxs.dim() == 1 && idxs.size(0) == boxes.size(0),
       "batched_nms: idxs must have shape [N] matching boxes, got ", idxs.sizes(), " for ",
@@ -50,8 +63,8 @@ inline void check_batched_nms_inputs(
 }
 
 inline void check_roi_align_common(
-    const char* op, const at::Tensor& values, const at::Tensor& rois, int64_t pooled_height,
-    int64_t pooled_width, int64_t sampling_ratio) {
+    const char* op, const at::Tensor& values, const at::Tensor& rois, double spatial_scale,
+    int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio) {
   TORCH_CHECK_VALUE(
       rois.dim() == 2 && rois.size(1) == 5, op,
       ": rois must have shape [K, 5] (batch_index, x1, y1, x2, y2), got ", rois.sizes());
@@ -69,38 +82,77 @@ inline void check_roi_align_common(
       pooled_height > 0 && pooled_width > 0, op,
       ": output_size must be positive, got (", pooled_height, ", ", pooled_width, ")");
   TORCH_CHECK_VALUE(
-      sampling_ratio >= 0 || sampling_ratio == -1, op,
-      ": sampling_ratio must be > 0, or 0 / -1 for adaptive, got ", sampling_ratio);
-}
-
-// Every roi's batch index must name an image of the input: a bad one would read out of bounds.
-// On CUDA this costs one small reduction and a sync, which is cheap next to the kernel.
-inline void check_roi_batch_indices(const char* op, const at::Tensor& rois, int64_t batch_size) {
-  if (rois.size(0) == 0) {
-    return;
-  }
-  auto index = rois.select(1, 0);
-  auto bounds = at::aminmax(index);
-  double lo = std::get<0>(bounds).item<double>();
-  double hi = std::get<1>(bounds).item<double>();
+      sampling_ratio <= kMaxSamplingRatio, op, ": sampling_ratio must be at most ",
+      kMaxSamplingRatio, " samples per bin side (<= 0: adaptive), got ", sampling_ratio);
   TORCH_CHECK_VALUE(
-      lo >= 0 && hi < static_cast<double>(batch_size) && lo == lo && hi == hi, op,
-      ": rois[:, 0] must be batch indices in [0, ", batch_size, "), got values in [", lo, ", ",
-      hi, "]");
+      std::isfinite(spatial_scale) && spatial_scale > 0, op,
+      ": spatial_scale must be a finite number > 0, got ", spatial_scale);
 }
 
-inline void check_roi_align_inputs(
-    const at::Tensor& input, const at::Tensor& rois, int64_t pooled_height, int64_t pooled_width,
-    int64_t sampling_ratio) {
+// Every roi must be finite and its batch index name an image of the input (a bad one would read
+// out of bounds), and its adaptive sampling grid must stay within kMaxSamplesPerBin. Computed
+// where the rois live and brought to the host in one transfer (one sync on CUDA). Returns the
+// largest number of samples per bin (for the CPU backward to size its work).
+inline int64_t check_rois(
+    const char* op, const at::Tensor& rois, int64_t batch_size, double spatial_scale,
+    int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
+  if (rois.size(0) == 0) {
+    return 0;
+  }
+  auto r = rois.to(at::kDouble);
+  auto index = r.select(1, 0);
+  auto geometry = r.narrow(1, 1, 4);
+  auto bounds = at::aminmax(index);
+  auto non_finite = (~at::isfinite(r)).sum().to(at::kDouble);
+  at::Tensor samples;
+  if (sampling_ratio > 0) {
+    samples = at::zeros({}, r.options());
+  } else {
+    const double offset = aligned ? 0.5 : 0.0;
+    auto scaled = at::nan_to_num(geometry, 0, 0, 0) * spatial_scale - offset;
+    auto width = scaled.select(1, 2) - scaled.select(1, 0);
+    auto height = scaled.select(1, 3) - scaled.select(1, 1);
+    if (!aligned) {
+      width = width.clamp_min(1);
+      height = height.clamp_min(1);
+    }
+    auto grid_w = at::ceil(width / static_cast<double>(pooled_width)).clamp_min(0);
+    auto grid_h = at::ceil(height / static_cast<double>(pooled_height)).clamp_min(0);
+    samples = (grid_w * grid_h).max();
+  }
+  auto summary = at::stack({std::get<0>(bounds), std::get<1>(bounds), non_finite, samples}).cpu();
+  const double* v = summary.data_ptr<double>();
+  TORCH_CHECK_VALUE(
+      v[2] == 0, op, ": rois must be finite, got ", static_cast<int64_t>(v[2]),
+      " NaN or infinite value(s)");
+  TORCH_CHECK_VALUE(
+      v[0] >= 0 && v[1] < static_cast<double>(batch_size), op,
+      ": rois[:, 0] must be batch indices in [0, ", batch_size, "), got values in [", v[0], ", ",
+      v[1], "]");
+  TORCH_CHECK_VALUE(
+      v[3] <= static_cast<double>(kMaxSamplesPerBin), op, ": with adaptive sampling a roi of ",
+      "these rois would take ", v[3], " samples per output bin (at most ", kMaxSamplesPerBin,
+      " are allowed); check the rois and spatial_scale (", spatial_scale,
+      "), or pass a sampling_ratio in 1..", kMaxSamplingRatio);
+  return sampling_ratio > 0 ? sampling_ratio * sampling_ratio : static_cast<int64_t>(v[3]);
+}
+
+inline int64_t check_roi_align_inputs(
+    const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
+    int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
   TORCH_CHECK_VALUE(
       input.dim() == 4, "roi_align: input must have shape [N, C, H, W], got ", input.sizes());
-  check_roi_align_common("roi_align", input, rois, pooled_height, pooled_width, sampling_ratio);
-  check_roi_batch_indices("roi_align", rois, input.size(0));
+  check_roi_align_common(
+      "roi_align", input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio);
+  return check_rois(
+      "roi_align", rois, input.size(0), spatial_scale, pooled_height, pooled_width, sampling_ratio,
+      aligned);
 }
 
-inline void check_roi_align_backward_inputs(
-    const at::Tensor& grad, const at::Tensor& rois, int64_t pooled_height, int64_t pooled_width,
-    int64_t batch_size, int64_t channels, int64_t height, int64_t width, int64_t sampling_ratio) {
+inline int64_t check_roi_align_backward_inputs(
+    const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
+    int64_t pooled_width, int64_t batch_size, int64_t channels, int64_t height, int64_t width,
+    int64_t sampling_ratio, bool aligned) {
   TORCH_CHECK_VALUE(
       batch_size >= 0 && channels >= 0 && height >= 0 && width >= 0,
       "roi_align backward: the input shape must be non-negative, got [", batch_size, ", ",
@@ -114,8 +166,11 @@ inline void check_roi_align_backward_inputs(
       grad.size(1) == channels, "roi_align backward: grad has ", grad.size(1),
       " channels but the input had ", channels);
   check_roi_align_common(
-      "roi_align backward", grad, rois, pooled_height, pooled_width, sampling_ratio);
-  check_roi_batch_indices("roi_align backward", rois, batch_size);
+      "roi_align backward", grad, rois, spatial_scale, pooled_height, pooled_width,
+      sampling_ratio);
+  return check_rois(
+      "roi_align backward", rois, batch_size, spatial_scale, pooled_height, pooled_width,
+      sampling_ratio, aligned);
 }
 
 }  // namespace detcore

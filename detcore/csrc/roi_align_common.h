@@ -1,16 +1,14 @@
 // The sampling geometry of ROIAlign, shared by the CPU and CUDA kernels so both compute the
 // same thing (torchvision's semantics: aligned shifts by half a pixel; unaligned rois are at
 // least 1x1; an adaptive grid uses ceil(roi_size / output_size) samples per bin side).
+// Products that feed a sum go through rounded_ops.h: fused into an FMA on the GPU, roi * scale -
+// offset could round differently and ceil() pick another sample count than on the CPU.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define DETCORE_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define DETCORE_HOST_DEVICE inline
-#endif
+#include "rounded_ops.h"
 
 namespace detcore {
 
@@ -31,10 +29,10 @@ DETCORE_HOST_DEVICE RoiGeometry<T> roi_geometry(
   RoiGeometry<T> g;
   g.batch = static_cast<int64_t>(roi[0]);
   const T offset = aligned ? T(0.5) : T(0);
-  g.start_w = static_cast<T>(roi[1]) * spatial_scale - offset;
-  g.start_h = static_cast<T>(roi[2]) * spatial_scale - offset;
-  T width = static_cast<T>(roi[3]) * spatial_scale - offset - g.start_w;
-  T height = static_cast<T>(roi[4]) * spatial_scale - offset - g.start_h;
+  g.start_w = sub_rn(mul_rn(static_cast<T>(roi[1]), spatial_scale), offset);
+  g.start_h = sub_rn(mul_rn(static_cast<T>(roi[2]), spatial_scale), offset);
+  T width = sub_rn(sub_rn(mul_rn(static_cast<T>(roi[3]), spatial_scale), offset), g.start_w);
+  T height = sub_rn(sub_rn(mul_rn(static_cast<T>(roi[4]), spatial_scale), offset), g.start_h);
   if (!aligned) {  // legacy behaviour: force malformed rois to be 1x1
     width = width > T(1) ? width : T(1);
     height = height > T(1) ? height : T(1);
@@ -102,7 +100,9 @@ DETCORE_HOST_DEVICE BilinearTap<T> bilinear_tap(int64_t height, int64_t width, T
 // Coordinate of sample i (of grid samples) inside bin b, along one axis.
 template <typename T>
 DETCORE_HOST_DEVICE T sample_coordinate(T start, T bin, int64_t b, int i, int grid) {
-  return start + static_cast<T>(b) * bin + (static_cast<T>(i) + T(0.5)) * bin / static_cast<T>(grid);
+  return add_rn(
+      add_rn(start, mul_rn(static_cast<T>(b), bin)),
+      mul_rn(static_cast<T>(i) + T(0.5), bin) / static_cast<T>(grid));
 }
 
 }  // namespace detcore

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from detcore.layers import nms
+from detcore.layers import batched_nms, nms
 
 try:
     from .reference_ops import batched_nms_reference, distinct_scores, nms_reference, random_boxes
@@ -266,3 +266,13 @@ def test_bad_dtypes_name_the_argument():
     _raises("boxes", torch.randint(0, 5, (5, 4)), torch.rand(5), 0.5)
     _raises("scores", torch.rand(5, 4), torch.rand(5).double(), 0.5)
     _raises("boxes", torch.rand(5, 4, dtype=torch.complex64), torch.rand(5), 0.5)
+
+
+@pytest.mark.parametrize("threshold", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_iou_threshold_is_refused(threshold):
+    boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 11.0, 11.0]])
+    scores = torch.tensor([0.9, 0.8])
+    with pytest.raises(ValueError, match=r"nms: iou_threshold must be a finite number"):
+        nms(boxes, scores, threshold)
+    with pytest.raises(ValueError, match=r"batched_nms: iou_threshold must be a finite number"):
+        batched_nms(boxes, scores, torch.tensor([0, 0]), threshold)

@@ -3,6 +3,8 @@
 Half and bfloat16 have no CPU kernel; the CUDA kernels compute them in float32, so they are
 compared with the CPU float32 kernel on the same (upcast, exactly) values.
 """
+import warnings
+
 import pytest
 import torch
 
@@ -161,3 +163,38 @@ def test_bad_batch_index_on_cuda_names_rois():
     rois[3, 0] = 2  # the batch has 2 images
     with pytest.raises((ValueError, RuntimeError), match="rois"):
         roi_align(features.cuda(), rois.cuda(), 2, 1 / 32, 2, True)
+
+
+def test_roi_align_backward_cuda_alerts_nondeterminism():
+    """Its atomics add in arrival order, so deterministic mode refuses it (as torchvision's)."""
+    features, rois = _roi_inputs(11, torch.float32, k=5)
+    out = roi_align(features.cuda().requires_grad_(True), rois.cuda(), 2, 1 / 32, 2, True)
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError, match="roi_align_backward_cuda"):
+            out.sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)
+
+
+def test_roi_align_cuda_checks_its_rois_with_one_sync():
+    """One device-to-host copy for all the roi checks (batch indices, finiteness, sampling grid)."""
+    features, rois = _roi_inputs(12, torch.float32, k=5)
+    x = features.cuda().requires_grad_(True)
+    r = rois.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = roi_align(x, r, 2, 1 / 32, 2, True)
+            forward_syncs = len(_syncs(caught))
+            out.backward(torch.ones_like(out))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert forward_syncs == 1 and len(_syncs(caught)) == 2, [str(w.message) for w in caught]
+
+
+def _syncs(caught_warnings):
+    return [w for w in caught_warnings if "synchronizing" in str(w.message)]

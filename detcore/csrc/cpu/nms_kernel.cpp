@@ -200,7 +200,7 @@ at::Tensor sort_order(const at::Tensor& scores) {
 }
 
 at::Tensor nms_cpu(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold) {
-  check_nms_inputs("nms", boxes, scores);
+  check_nms_inputs("nms", boxes, scores, iou_threshold);
   check_cpu_dtype("nms", "boxes", boxes);
   if (boxes.size(0) == 0) {
     return at::empty({0}, boxes.options().dtype(at::kLong));
@@ -215,7 +215,7 @@ at::Tensor nms_cpu(const at::Tensor& boxes, const at::Tensor& scores, double iou
 at::Tensor batched_nms_cpu(
     const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs,
     double iou_threshold) {
-  check_batched_nms_inputs(boxes, scores, idxs);
+  check_batched_nms_inputs(boxes, scores, idxs, iou_threshold);
   check_cpu_dtype("batched_nms", "boxes", boxes);
   if (boxes.size(0) == 0) {
     return at::empty({0}, boxes.options().dtype(at::kLong));

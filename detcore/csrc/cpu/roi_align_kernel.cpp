@@ -36,6 +36,7 @@ struct RoiAlignParams {
   int64_t pooled_height, pooled_width, sampling_ratio;
   bool aligned;
   int64_t height, width;
+  int64_t max_samples_per_bin;  // over all rois (from the argument checks)
 };
 
 // Taps of one roi, bin by bin: bin_start[b]..bin_start[b+1] index into `taps`.
@@ -114,6 +115,9 @@ void roi_align_forward_impl(
 // Rois whose taps are held in memory at once during the backward pass; bounds memory while
 // keeping the number of parallel regions small.
 constexpr int64_t kBackwardRoiChunk = 256;
+// At most about this many taps held at once (48 bytes each in float32: ~200 MB): rois with large
+// sampling grids go in smaller chunks.
+constexpr int64_t kTapBudget = int64_t(1) << 22;
 
 // Calls scatter(first, count, taps) for successive chunks of at most kBackwardRoiChunk rois,
 // taps[i] holding the (parallel-computed) taps of roi first + i.
@@ -122,9 +126,11 @@ void for_each_roi_chunk(const at::Tensor& rois, const RoiAlignParams& p, const S
   const int64_t num_rois = rois.size(0);
   const int64_t bins = p.pooled_height * p.pooled_width;
   const T* roi_ptr = rois.data_ptr<T>();
-  std::vector<RoiTaps<T>> chunk(std::min(num_rois, kBackwardRoiChunk));
-  for (int64_t first = 0; first < num_rois; first += kBackwardRoiChunk) {
-    const int64_t count = std::min(kBackwardRoiChunk, num_rois - first);
+  const int64_t taps_per_roi = std::max<int64_t>(1, bins * p.max_samples_per_bin);
+  const int64_t chunk_rois = std::clamp<int64_t>(kTapBudget / taps_per_roi, 1, kBackwardRoiChunk);
+  std::vector<RoiTaps<T>> chunk(std::min(num_rois, chunk_rois));
+  for (int64_t first = 0; first < num_rois; first += chunk_rois) {
+    const int64_t count = std::min(chunk_rois, num_rois - first);
     at::parallel_for(0, count, grain_for(4 * bins), [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) compute_taps(roi_ptr + 5 * (first + i), p, chunk[i]);
     });
@@ -291,7 +297,8 @@ void roi_align_backward_channels_last(
 at::Tensor roi_align_forward_cpu(
     const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
     int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
-  check_roi_align_inputs(input, rois, pooled_height, pooled_width, sampling_ratio);
+  const int64_t max_samples = check_roi_align_inputs(
+      input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned);
   check_cpu_dtype("roi_align", "input", input);
   auto output = at::zeros(
       {rois.size(0), input.size(1), pooled_height, pooled_width}, input.options());
@@ -299,7 +306,7 @@ at::Tensor roi_align_forward_cpu(
     return output;
   }
   const RoiAlignParams p{spatial_scale, pooled_height, pooled_width, sampling_ratio,
-                         aligned,       input.size(2), input.size(3)};
+                         aligned,       input.size(2), input.size(3), max_samples};
   auto rois_c = rois.contiguous();
   // An input that already is channels-last (MODEL.CHANNELS_LAST) is read in place: the planar
   // path would first copy all of it.
@@ -320,15 +327,15 @@ at::Tensor roi_align_backward_cpu(
     const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
     int64_t pooled_width, int64_t batch_size, int64_t channels, int64_t height, int64_t width,
     int64_t sampling_ratio, bool aligned) {
-  check_roi_align_backward_inputs(
-      grad, rois, pooled_height, pooled_width, batch_size, channels, height, width,
-      sampling_ratio);
+  const int64_t max_samples = check_roi_align_backward_inputs(
+      grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
+      width, sampling_ratio, aligned);
   check_cpu_dtype("roi_align backward", "grad", grad);
   if (grad.numel() == 0 || height == 0 || width == 0) {
     return at::zeros({batch_size, channels, height, width}, grad.options());
   }
   const RoiAlignParams p{spatial_scale, pooled_height, pooled_width, sampling_ratio,
-                         aligned,       height,        width};
+                         aligned,       height,        width,  max_samples};
   auto rois_c = rois.contiguous();
   const int64_t bins = pooled_height * pooled_width;
   if (use_channels_last(rois.size(0), channels, bins, batch_size * channels * height * width)) {

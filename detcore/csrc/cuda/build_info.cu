@@ -4,8 +4,9 @@
 
 #include <cuda_runtime_api.h>
 
-#define DETCORE_STRINGIFY_(x) #x
-#define DETCORE_STRINGIFY(x) DETCORE_STRINGIFY_(x)
+// Variadic: with several archs __CUDA_ARCH_LIST__ expands to "800,900", two macro arguments.
+#define DETCORE_STRINGIFY_(...) #__VA_ARGS__
+#define DETCORE_STRINGIFY(...) DETCORE_STRINGIFY_(__VA_ARGS__)
 
 namespace detcore {
 

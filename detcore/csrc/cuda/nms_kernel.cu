@@ -1,181 +1,20 @@
-// CUDA kernels of nms and batched_nms.
-//
-// Boxes are sorted by decreasing score, then two kernels run:
-//  1. the mask kernel: box i (a row) and a block of 64 boxes j > i (a column block) give one
-//     64-bit word whose bit k says "box i suppresses box 64 * block + k";
-//  2. the unwrap kernel: a single block walks the rows in score order, keeping the bitmap of
-//     removed boxes, and writes a keep flag per sorted box.
-// The mask never leaves the GPU; the only host sync is masked_select's, for the result size.
+// Launchers of nms and batched_nms; the kernels are in nms_kernels.cuh, the grid in
+// launch_config.h. The mask never leaves the GPU; the only host sync is masked_select's, for the
+// result size.
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "../checks.h"
+#include "launch_config.h"
+#include "nms_kernels.cuh"
 
 namespace detcore {
 namespace {
-
-constexpr int kBlockBoxes = 64;  // boxes per row/column block: one bit each in a 64-bit word
-constexpr int kUnwrapThreads = 256;
-constexpr int64_t kMaxGridDim = 65535;  // gridDim.y limit; the kernels loop over the rest
-// The removed bitmap lives in shared memory while static + dynamic shared memory stay under
-// the 48 KiB a launch gets without opting in (1 KiB kept for the kernel's static arrays):
-// up to about 385k boxes. Beyond that it lives in global memory.
-constexpr int64_t kMaxSharedWords = (48 * 1024 - 1024) / sizeof(unsigned long long);
-
-// Explicitly rounded arithmetic, so nvcc does not fuse a*b+c into an FMA: the IoU must be
-// bit-identical to the CPU kernel's, since a last-bit difference can flip "IoU > threshold".
-__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
-__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ double sub_rn(double a, double b) { return __dsub_rn(a, b); }
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-
-// std::max / std::min's exact definitions (they decide what a NaN coordinate gives).
-template <typename A>
-__device__ __forceinline__ A max_of(A a, A b) {
-  return (a < b) ? b : a;
-}
-template <typename A>
-__device__ __forceinline__ A min_of(A a, A b) {
-  return (b < a) ? b : a;
-}
-
-// IoU of a = (x1, y1, x2, y2) with b, in the accumulation type A; no "+1" in widths.
-template <typename A>
-__device__ __forceinline__ A box_iou(const A* a, const A* b) {
-  const A w = max_of(A(0), sub_rn(min_of(a[2], b[2]), max_of(a[0], b[0])));
-  const A h = max_of(A(0), sub_rn(min_of(a[3], b[3]), max_of(a[1], b[1])));
-  const A inter = mul_rn(w, h);
-  const A area_a = mul_rn(sub_rn(a[2], a[0]), sub_rn(a[3], a[1]));
-  const A area_b = mul_rn(sub_rn(b[2], b[0]), sub_rn(b[3], b[1]));
-  return inter / sub_rn(add_rn(area_a, area_b), inter);
-}
-
-// mask[i * col_blocks + cb], bit k: box i suppresses box cb * 64 + k (which ranks below i).
-// Only words with cb >= i's row block are written; the unwrap kernel reads no others.
-// categories (sorted like the boxes) may be null; when given, only equal categories suppress.
-template <typename T>
-__global__ void nms_mask_kernel(
-    int64_t n, int64_t col_blocks, const T* __restrict__ boxes,
-    const int64_t* __restrict__ categories, double iou_threshold,
-    unsigned long long* __restrict__ mask) {
-  using A = at::opmath_type<T>;
-  __shared__ A col_boxes[kBlockBoxes * 4];
-  __shared__ int64_t col_categories[kBlockBoxes];
-  const int t = threadIdx.x;
-
-  for (int64_t rb = blockIdx.y; rb < col_blocks; rb += gridDim.y) {
-    for (int64_t cb = blockIdx.x; cb < col_blocks; cb += gridDim.x) {
-      if (cb < rb) {
-        continue;  // the same for the whole block, so no thread skips a barrier alone
-      }
-      const int row_size = static_cast<int>(min(n - rb * kBlockBoxes, int64_t(kBlockBoxes)));
-      const int col_size = static_cast<int>(min(n - cb * kBlockBoxes, int64_t(kBlockBoxes)));
-
-      __syncthreads();  // the previous iteration is done reading the shared column block
-      if (t < col_size) {
-        const int64_t j = cb * kBlockBoxes + t;
-        for (int d = 0; d < 4; ++d) {
-          col_boxes[t * 4 + d] = static_cast<A>(boxes[j * 4 + d]);
-        }
-        if (categories != nullptr) {
-          col_categories[t] = categories[j];
-        }
-      }
-      __syncthreads();
-
-      if (t < row_size) {
-        const int64_t i = rb * kBlockBoxes + t;
-        A row_box[4];
-        for (int d = 0; d < 4; ++d) {
-          row_box[d] = static_cast<A>(boxes[i * 4 + d]);
-        }
-        const int64_t row_category = categories != nullptr ? categories[i] : 0;
-        // On the diagonal block, only boxes ranked below i (k > t) can be suppressed by i.
-        const int start = (rb == cb) ? t + 1 : 0;
-        unsigned long long bits = 0;
-        for (int k = start; k < col_size; ++k) {
-          if (categories != nullptr && col_categories[k] != row_category) {
-            continue;
-          }
-          // Compared in double, like the CPU kernel: the threshold is not rounded to A.
-          if (static_cast<double>(box_iou(row_box, col_boxes + k * 4)) > iou_threshold) {
-            bits |= 1ULL << k;
-          }
-        }
-        mask[i * col_blocks + cb] = bits;
-      }
-    }
-  }
-}
-
-// One block walks the row blocks in order. For row block rb:
-//  - thread 0 settles its (up to) 64 boxes one by one, using the removed word of rb and the
-//    diagonal mask words (box j suppresses later boxes of the same block);
-//  - then every thread ORs the rows of the kept boxes into the removed words after rb, each
-//    thread owning distinct words, so there are no races.
-// removed_global is used instead of shared memory when use_shared is false (very large n).
-__global__ void nms_unwrap_kernel(
-    int64_t n, int64_t col_blocks, const unsigned long long* __restrict__ mask,
-    bool use_shared, unsigned long long* __restrict__ removed_global, bool* __restrict__ keep) {
-  extern __shared__ unsigned long long removed_shared[];
-  __shared__ unsigned long long diagonal[kBlockBoxes];
-  __shared__ unsigned long long kept_bits;
-  unsigned long long* removed = use_shared ? removed_shared : removed_global;
-  const int t = threadIdx.x;
-
-  for (int64_t w = t; w < col_blocks; w += blockDim.x) {
-    removed[w] = 0;
-  }
-  __syncthreads();
-
-  for (int64_t rb = 0; rb < col_blocks; ++rb) {
-    const int64_t first = rb * kBlockBoxes;
-    const int row_size = static_cast<int>(min(n - first, int64_t(kBlockBoxes)));
-
-    for (int j = t; j < row_size; j += blockDim.x) {
-      diagonal[j] = mask[(first + j) * col_blocks + rb];
-    }
-    __syncthreads();
-
-    if (t == 0) {
-      unsigned long long removed_here = removed[rb];
-      unsigned long long kept = 0;
-      for (int j = 0; j < row_size; ++j) {
-        if (!((removed_here >> j) & 1ULL)) {
-          kept |= 1ULL << j;
-          removed_here |= diagonal[j];
-        }
-      }
-      removed[rb] = removed_here;
-      kept_bits = kept;
-    }
-    __syncthreads();
-
-    const unsigned long long kept = kept_bits;
-    for (int j = t; j < row_size; j += blockDim.x) {
-      keep[first + j] = (kept >> j) & 1ULL;
-    }
-    for (int64_t w = rb + 1 + t; w < col_blocks; w += blockDim.x) {
-      unsigned long long acc = removed[w];
-      unsigned long long rest = kept;
-      while (rest != 0) {
-        const int j = __ffsll(static_cast<long long>(rest)) - 1;
-        rest &= rest - 1;
-        acc |= mask[(first + j) * col_blocks + w];
-      }
-      removed[w] = acc;
-    }
-    __syncthreads();  // removed[rb + 1] and the shared words are final before the next block
-  }
-}
 
 // Shared by nms and batched_nms: categories is undefined for plain nms.
 at::Tensor nms_impl(
@@ -195,48 +34,46 @@ at::Tensor nms_impl(
     sorted_categories = categories.index_select(0, order).to(at::kLong).contiguous();
   }
 
-  const int64_t col_blocks = (n + kBlockBoxes - 1) / kBlockBoxes;
+  const NmsLaunch launch = nms_launch(n);
+  const int64_t col_blocks = launch.col_blocks;
   at::Tensor mask = at::empty({n * col_blocks}, boxes.options().dtype(at::kLong));
   at::Tensor keep = at::empty({n}, boxes.options().dtype(at::kBool));
   auto* mask_ptr = reinterpret_cast<unsigned long long*>(mask.data_ptr<int64_t>());
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
-  const dim3 grid(
-      static_cast<unsigned int>(std::min(col_blocks, kMaxGridDim)),
-      static_cast<unsigned int>(std::min(col_blocks, kMaxGridDim)));
+  const dim3 grid(launch.grid_x, launch.grid_y);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, sorted_boxes.scalar_type(), "detcore_nms_mask_cuda", [&] {
-        nms_mask_kernel<scalar_t><<<grid, kBlockBoxes, 0, stream>>>(
+        using acc_t = at::opmath_type<scalar_t>;
+        nms_mask_kernel<scalar_t, acc_t><<<grid, kBlockBoxes, 0, stream>>>(
             n, col_blocks, sorted_boxes.data_ptr<scalar_t>(),
             categories.defined() ? sorted_categories.data_ptr<int64_t>() : nullptr,
             iou_threshold, mask_ptr);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
 
-  const bool use_shared = col_blocks <= kMaxSharedWords;
-  const size_t shared_bytes = use_shared ? col_blocks * sizeof(unsigned long long) : 0;
   at::Tensor removed_global;
   unsigned long long* removed_ptr = nullptr;
-  if (!use_shared) {
+  if (!launch.unwrap_in_shared) {
     removed_global = at::empty({col_blocks}, boxes.options().dtype(at::kLong));
     removed_ptr = reinterpret_cast<unsigned long long*>(removed_global.data_ptr<int64_t>());
   }
-  nms_unwrap_kernel<<<1, kUnwrapThreads, shared_bytes, stream>>>(
-      n, col_blocks, mask_ptr, use_shared, removed_ptr, keep.data_ptr<bool>());
+  nms_unwrap_kernel<<<1, kUnwrapThreads, launch.unwrap_shared_bytes, stream>>>(
+      n, col_blocks, mask_ptr, launch.unwrap_in_shared, removed_ptr, keep.data_ptr<bool>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   return order.masked_select(keep);
 }
 
 at::Tensor nms_cuda(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold) {
-  check_nms_inputs("nms", boxes, scores);
+  check_nms_inputs("nms", boxes, scores, iou_threshold);
   return nms_impl(boxes, scores, at::Tensor(), iou_threshold);
 }
 
 at::Tensor batched_nms_cuda(
     const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs,
     double iou_threshold) {
-  check_batched_nms_inputs(boxes, scores, idxs);
+  check_batched_nms_inputs(boxes, scores, idxs, iou_threshold);
   return nms_impl(boxes, scores, idxs, iou_threshold);
 }
 

@@ -1,0 +1,51 @@
+// Grid and block sizes of the CUDA launchers, in plain C++: the launchers in nms_kernel.cu and
+// roi_align_kernel.cu and the CUDA emulation in tests/layers/cuda_emulation/ launch the kernels
+// with the same numbers. The grid and shared-memory limits are parameters, so a test can give a
+// kernel more work than blocks, or push the NMS unwrap onto its global-memory path, with a few
+// boxes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace detcore {
+
+// --- nms -----------------------------------------------------------------------------------
+constexpr int kBlockBoxes = 64;  // boxes per row/column block: one bit each in a 64-bit word
+constexpr int kUnwrapThreads = 256;
+constexpr int64_t kMaxGridDim = 65535;  // gridDim.y limit; the mask kernel loops over the rest
+// The removed bitmap lives in shared memory while static + dynamic shared memory stay under
+// the 48 KiB a launch gets without opting in (1 KiB kept for the kernel's static arrays):
+// up to about 385k boxes. Beyond that it lives in global memory.
+constexpr int64_t kMaxSharedWords = (48 * 1024 - 1024) / sizeof(unsigned long long);
+
+struct NmsLaunch {
+  int64_t col_blocks;             // 64-box blocks, the last one partial
+  unsigned int grid_x, grid_y;    // mask kernel: column blocks x row blocks, kBlockBoxes threads
+  bool unwrap_in_shared;          // unwrap kernel: one block of kUnwrapThreads threads
+  size_t unwrap_shared_bytes;     // its dynamic shared memory (the removed bitmap)
+};
+
+constexpr NmsLaunch nms_launch(
+    int64_t n, int64_t max_grid_dim = kMaxGridDim, int64_t max_shared_words = kMaxSharedWords) {
+  NmsLaunch l{};
+  l.col_blocks = (n + kBlockBoxes - 1) / kBlockBoxes;
+  const int64_t grid = l.col_blocks < max_grid_dim ? l.col_blocks : max_grid_dim;
+  l.grid_x = l.grid_y = static_cast<unsigned int>(grid);
+  l.unwrap_in_shared = l.col_blocks <= max_shared_words;
+  l.unwrap_shared_bytes =
+      l.unwrap_in_shared ? static_cast<size_t>(l.col_blocks) * sizeof(unsigned long long) : 0;
+  return l;
+}
+
+// --- roi_align ------------------------------------------------------------------------------
+constexpr int kRoiAlignThreads = 256;  // one thread per pooled output element
+constexpr int64_t kMaxBlocks = 65535;  // grid-stride loops cover the rest
+
+// Blocks for `total` pooled elements (forward) or incoming gradients (backward).
+constexpr unsigned int roi_align_blocks(int64_t total, int64_t max_blocks = kMaxBlocks) {
+  const int64_t blocks = (total + kRoiAlignThreads - 1) / kRoiAlignThreads;
+  return static_cast<unsigned int>(blocks < max_blocks ? blocks : max_blocks);
+}
+
+}  // namespace detcore

@@ -1,0 +1,94 @@
+// Just enough of CUDA for the host compiler to build and run detcore's device code
+// (detcore/csrc/cuda/*_kernels.cuh) in the tests. Include it after any ATen header and before
+// the kernels. Test-only.
+//
+// How CUDA maps onto the host:
+//  - every CUDA thread of a block is a real std::thread, scheduled by the OS like any other, and
+//    __syncthreads() is a std::barrier across the block's threads: a missing or misplaced
+//    barrier gives a wrong result, or a data race that ThreadSanitizer reports;
+//  - the blocks of a grid run one after another, never two at once, and launches are serialized.
+//    So __shared__ can be `static`: a kernel's static locals are one copy that all its threads
+//    share, and with one block running at a time that copy is the running block's shared memory;
+//  - dynamic shared memory (DETCORE_DYNAMIC_SHARED, nvcc's extern __shared__) is a buffer that is
+//    filled with garbage before each block, so a kernel that reads it before writing it fails;
+//  - a thread that returns from the kernel no longer holds up its block's barriers, as on the GPU;
+//  - atomicAdd is std::atomic_ref::fetch_add, and __fadd_rn & co. round each operation (through
+//    a volatile, so even -ffp-contract=fast cannot fuse them). Build with -ffp-contract=off: a
+//    plain a * b + c then stays two roundings, where nvcc may fuse it into an FMA, which is why
+//    device code that must match the CPU bit for bit uses the _rn operations.
+// Not emulated: warps (the kernels use no warp intrinsics), memory orderings weaker than a
+// barrier, and __shared__ contents that differ between blocks (static ones carry over).
+// A launch that does not finish in DETCORE_EMULATION_TIMEOUT_S seconds (default 300; a barrier
+// that not every thread reaches deadlocks) aborts the process with a message, rather than hang.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+
+#ifdef DETCORE_HOST_DEVICE  // rounded_ops.h would already have picked its host branch
+#error "include cuda_emulation.h before detcore's headers"
+#endif
+#define DETCORE_CUDA_EMULATION 1
+#define __global__ inline
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define DETCORE_DYNAMIC_SHARED(type, name) \
+  type* name = static_cast<type*>(cuda_emulation::dynamic_shared_memory())
+
+struct dim3 {
+  unsigned int x, y, z;
+  constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1)
+      : x(x_), y(y_), z(z_) {}
+};
+
+// Set by the launcher in each thread before it runs the kernel.
+inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+namespace cuda_emulation {
+
+// Runs body() in every thread of every block of the grid, as described above; throws
+// std::invalid_argument for a configuration CUDA refuses (an empty grid, over 1024 threads...).
+void run_grid(
+    dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body);
+void syncthreads();
+void* dynamic_shared_memory();
+
+// kernel<<<grid, block, dynamic_shared_bytes>>>(args...)
+template <typename Kernel, typename... Args>
+void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, Kernel kernel, Args... args) {
+  run_grid(grid, block, dynamic_shared_bytes, [&] { kernel(args...); });
+}
+
+// One rounding per operation: the volatile store makes the compiler materialize the result.
+template <typename T>
+inline T rounded(T value) {
+  volatile T result = value;
+  return result;
+}
+
+}  // namespace cuda_emulation
+
+inline void __syncthreads() { cuda_emulation::syncthreads(); }
+
+template <typename T>
+inline T min(T a, T b) { return b < a ? b : a; }
+template <typename T>
+inline T max(T a, T b) { return a < b ? b : a; }
+inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+
+inline float atomicAdd(float* address, float value) {
+  return std::atomic_ref<float>(*address).fetch_add(value);
+}
+inline double atomicAdd(double* address, double value) {
+  return std::atomic_ref<double>(*address).fetch_add(value);
+}
+
+inline float __fadd_rn(float a, float b) { return cuda_emulation::rounded(a + b); }
+inline float __fsub_rn(float a, float b) { return cuda_emulation::rounded(a - b); }
+inline float __fmul_rn(float a, float b) { return cuda_emulation::rounded(a * b); }
+inline double __dadd_rn(double a, double b) { return cuda_emulation::rounded(a + b); }
+inline double __dsub_rn(double a, double b) { return cuda_emulation::rounded(a - b); }
+inline double __dmul_rn(double a, double b) { return cuda_emulation::rounded(a * b); }
