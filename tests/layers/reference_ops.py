@@ -152,3 +152,13 @@ def distinct_scores(n, generator, dtype=torch.float32):
     """Scores in (0, 1) with no two equal (a random permutation of evenly spaced values)."""
     perm = torch.randperm(n, generator=generator)
     return ((perm.to(torch.float64) + 1) / (n + 1)).to(dtype)
+
+
+# How close a CUDA kernel (real or emulated) must come to the CPU kernel, per dtype: half types
+# are computed in float32 from exactly upcast values, so only their final rounding differs.
+CUDA_VS_CPU_TOLERANCE = {
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float64: dict(atol=1e-10, rtol=1e-10),
+    torch.float16: dict(atol=5e-3, rtol=5e-3),
+    torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
+}

@@ -12,9 +12,9 @@ from detcore.layers import batched_nms, nms, roi_align
 from detcore.layers import _extension
 
 try:
-    from .reference_ops import distinct_scores, random_boxes
+    from .reference_ops import CUDA_VS_CPU_TOLERANCE, distinct_scores, random_boxes
 except ImportError:  # tests/ run as rootdir-relative modules, without packages
-    from reference_ops import distinct_scores, random_boxes
+    from reference_ops import CUDA_VS_CPU_TOLERANCE, distinct_scores, random_boxes
 
 pytestmark = [
     pytest.mark.cuda,
@@ -26,12 +26,7 @@ pytestmark = [
 ]
 
 ALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-ROI_TOL = {
-    torch.float32: dict(atol=1e-5, rtol=1e-5),
-    torch.float64: dict(atol=1e-10, rtol=1e-10),
-    torch.float16: dict(atol=5e-3, rtol=5e-3),
-    torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
-}
+ROI_TOL = CUDA_VS_CPU_TOLERANCE
 
 
 def _gen(seed=0):
