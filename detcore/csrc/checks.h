@@ -14,6 +14,12 @@ namespace detcore {
 constexpr int64_t kMaxSamplingRatio = 128;
 constexpr int64_t kMaxSamplesPerBin = kMaxSamplingRatio * kMaxSamplingRatio;
 
+// The kernels' floating types (the CUDA ones also take half and bfloat16). Others that pass
+// is_floating_point (float8) would fail inside the dtype dispatch with a bare error.
+inline bool is_kernel_float(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
 // The CPU kernels compute in float32 and float64 only (half types go through autocast).
 inline void check_cpu_dtype(const char* op, const char* what, const at::Tensor& t) {
   TORCH_CHECK_VALUE(
@@ -35,8 +41,8 @@ inline void check_nms_inputs(
       boxes.size(0) == scores.size(0), op, ": boxes and scores must have the same length, got ",
       boxes.size(0), " boxes and ", scores.size(0), " scores");
   TORCH_CHECK_VALUE(
-      boxes.is_floating_point(), op, ": boxes must be a floating point tensor, got ",
-      boxes.scalar_type());
+      is_kernel_float(boxes.scalar_type()), op,
+      ": boxes must be float32, float64, float16 or bfloat16, got ", boxes.scalar_type());
   TORCH_CHECK_VALUE(
       boxes.scalar_type() == scores.scalar_type(), op,
       ": boxes and scores must have the same dtype, got ", boxes.scalar_type(), " and ",
@@ -69,8 +75,8 @@ inline void check_roi_align_common(
       rois.dim() == 2 && rois.size(1) == 5, op,
       ": rois must have shape [K, 5] (batch_index, x1, y1, x2, y2), got ", rois.sizes());
   TORCH_CHECK_VALUE(
-      values.is_floating_point(), op, ": input must be a floating point tensor, got ",
-      values.scalar_type());
+      is_kernel_float(values.scalar_type()), op,
+      ": input must be float32, float64, float16 or bfloat16, got ", values.scalar_type());
   TORCH_CHECK_VALUE(
       rois.scalar_type() == values.scalar_type(), op,
       ": rois must have the dtype of input, got ", rois.scalar_type(), " and ",

@@ -276,3 +276,16 @@ def test_a_non_finite_iou_threshold_is_refused(threshold):
         nms(boxes, scores, threshold)
     with pytest.raises(ValueError, match=r"batched_nms: iou_threshold must be a finite number"):
         batched_nms(boxes, scores, torch.tensor([0, 0]), threshold)
+
+
+FLOAT8 = [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]
+
+
+@pytest.mark.parametrize("dtype", FLOAT8)
+def test_float8_is_a_clear_error_not_a_dispatch_failure(dtype):
+    boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0]]).to(dtype)
+    scores = torch.tensor([0.9]).to(dtype)
+    with pytest.raises(ValueError, match=r"nms: boxes must be float32, float64, float16 or bfloat16, got Float8"):
+        torch.ops.detcore.nms(boxes, scores, 0.5)
+    with pytest.raises(ValueError, match=r"batched_nms: boxes must be float32, .* got Float8"):
+        torch.ops.detcore.batched_nms(boxes, scores, torch.tensor([0]), 0.5)

@@ -384,3 +384,11 @@ def test_roialign_spelling_and_repr_match_torchvision():
     x = torch.randn(1, 2, 6, 6)
     rois = torch.tensor([[0.0, 1.0, 1.0, 4.0, 5.0]])
     torch.testing.assert_close(scripted(x, rois), roi_align(x, rois, 2, 1.0, 1), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)])
+def test_float8_is_a_clear_error_not_a_dispatch_failure(dtype):
+    x = torch.rand(1, 2, 8, 8).to(dtype)
+    rois = torch.tensor([[0, 1.0, 1.0, 5.0, 5.0]]).to(dtype)
+    with pytest.raises(ValueError, match=r"roi_align: input must be float32, float64, float16 or bfloat16, got Float8"):
+        torch.ops.detcore.roi_align(x, rois, 1.0, 2, 2, 2, True)
