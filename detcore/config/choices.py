@@ -141,8 +141,9 @@ def find_problems(cfg):
             hi = "inf" if hi == INF else hi
             problems.append((key, f"must lie in [{lo}, {hi}], got {value!r}"))
     device = _lookup(cfg, "MODEL.DEVICE")
-    if device is not _MISSING and device_problem(device):
-        problems.append(("MODEL.DEVICE", f"{device_problem(device)}, got {device!r}"))
+    problem = None if device is _MISSING else device_problem(device)
+    if problem:
+        problems.append(("MODEL.DEVICE", f"{problem}, got {device!r}"))
     return problems
 
 
@@ -168,12 +169,7 @@ def find_violations(cfg):
     """``[(key, allowed, value)]`` for the keys of `CHOICES` whose value in `cfg` is not allowed."""
     found = []
     for key, allowed in CHOICES.items():
-        node = cfg
-        for part in key.split("."):
-            if part not in node:
-                break
-            node = node[part]
-        else:
-            if not _allowed(node, allowed):
-                found.append((key, allowed, node))
+        value = _lookup(cfg, key)
+        if value is not _MISSING and not _allowed(value, allowed):
+            found.append((key, allowed, value))
     return found

@@ -15,12 +15,11 @@ pipeline (``get_detection_dataset_dicts`` and the mapper).
 """
 import json
 import logging
-import numbers
 import os
 from typing import Any, Dict, List, Optional
 
 from ..catalog import DatasetCatalog, MetadataCatalog
-from .coco_checks import DropReport, unusable_reason, usable_polygons
+from .coco_checks import DropReport, is_real_number, unusable_reason, usable_polygons
 
 __all__ = ["load_coco_json", "register_coco_instances"]
 
@@ -29,10 +28,6 @@ logger = logging.getLogger(__name__)
 
 class _Malformed(ValueError):
     pass
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def _read_json(json_file: str) -> dict:
@@ -73,7 +68,7 @@ def _parse_segmentation(segm: Any, height: int, width: int) -> Any:
         raise _Malformed(f"segmentation must be a list of polygons or an RLE dict, got {type(segm).__name__}")
     polygons = []
     for poly in segm:
-        if not isinstance(poly, list) or not all(_is_number(v) for v in poly):
+        if not isinstance(poly, list) or not all(is_real_number(v) for v in poly):
             raise _Malformed("every polygon must be a flat list of numbers [x0, y0, x1, y1, ...]")
         if len(poly) % 2 != 0:
             raise _Malformed(f"a polygon has an odd number of coordinates ({len(poly)})")
@@ -89,7 +84,7 @@ def _parse_annotation(ann: Any, images: Dict[int, dict], id_map: Dict[int, int])
     if image_id not in images:
         raise _Malformed(f"image_id {image_id!r} is not in 'images'")
     bbox = ann.get("bbox")
-    if not isinstance(bbox, list) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
+    if not isinstance(bbox, list) or len(bbox) != 4 or not all(is_real_number(v) for v in bbox):
         raise _Malformed(f"bbox must be 4 numbers [x, y, w, h], got {bbox!r}")
     if ann.get("category_id") not in id_map:
         raise _Malformed(f"category_id {ann.get('category_id')!r} is not in 'categories' (ids {sorted(id_map)})")

@@ -19,11 +19,13 @@ import numbers
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-__all__ = ["DropReport", "filter_coco_dataset", "unusable_reason", "usable_polygons"]
+__all__ = ["DropReport", "filter_coco_dataset", "is_real_number", "unusable_reason", "usable_polygons"]
 
 logger = logging.getLogger(__name__)
 
-def _is_number(x: Any) -> bool:
+
+def is_real_number(x: Any) -> bool:
+    """A json number (bool excluded: json's true is not 1 here)."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
@@ -41,7 +43,7 @@ def unusable_reason(ann: dict, width: int, height: int) -> Optional[str]:
     ``width`` x ``height`` image cannot be used, or None when it can. A structurally malformed
     annotation is reported too ("malformed"), for callers that do not check structure first."""
     bbox = ann.get("bbox")
-    if not isinstance(bbox, (list, tuple)) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
+    if not isinstance(bbox, (list, tuple)) or len(bbox) != 4 or not all(is_real_number(v) for v in bbox):
         return "malformed bbox"
     x, y, w, h = (float(v) for v in bbox)
     if not all(math.isfinite(v) for v in (x, y, w, h)):
@@ -54,7 +56,7 @@ def unusable_reason(ann: dict, width: int, height: int) -> Optional[str]:
         return "bbox outside the image"
     segm = ann.get("segmentation")
     if isinstance(segm, list):
-        if not all(isinstance(p, list) and all(_is_number(v) for v in p) for p in segm):
+        if not all(isinstance(p, list) and all(is_real_number(v) for v in p) for p in segm):
             return "malformed segmentation"
         coords = [float(v) for poly in segm for v in poly]
         if not all(math.isfinite(v) for v in coords):
