@@ -1,10 +1,13 @@
 // Argument checks shared by the CPU and CUDA kernels. Each failure names the argument and what
-// was expected, and is raised as a Python ValueError: bad input must never reach a kernel.
+// was expected, and is raised as OpArgumentError (argument_error.h), a Python ValueError and
+// RuntimeError: bad input must never reach a kernel.
 #pragma once
 
 #include <cmath>
 
 #include <ATen/ATen.h>
+
+#include "argument_error.h"
 
 namespace detcore {
 
@@ -20,34 +23,26 @@ inline bool is_kernel_float(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
 
-// The CPU kernels compute in float32 and float64 only (half types go through autocast).
-inline void check_cpu_dtype(const char* op, const char* what, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(
-      t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, op,
-      " on CPU supports float32 and float64 ", what, ", got ", t.scalar_type(),
-      " (use .float(), or run under torch.autocast)");
-}
-
 inline void check_nms_inputs(
     const char* op, const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold) {
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       std::isfinite(iou_threshold), op, ": iou_threshold must be a finite number, got ",
       iou_threshold);
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       boxes.dim() == 2 && boxes.size(1) == 4, op,
       ": boxes must have shape [N, 4] (x1, y1, x2, y2), got ", boxes.sizes());
-  TORCH_CHECK_VALUE(scores.dim() == 1, op, ": scores must have shape [N], got ", scores.sizes());
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(scores.dim() == 1, op, ": scores must have shape [N], got ", scores.sizes());
+  DETCORE_CHECK_ARG(
       boxes.size(0) == scores.size(0), op, ": boxes and scores must have the same length, got ",
       boxes.size(0), " boxes and ", scores.size(0), " scores");
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       is_kernel_float(boxes.scalar_type()), op,
       ": boxes must be float32, float64, float16 or bfloat16, got ", boxes.scalar_type());
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       boxes.scalar_type() == scores.scalar_type(), op,
       ": boxes and scores must have the same dtype, got ", boxes.scalar_type(), " and ",
       scores.scalar_type());
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       boxes.device() == scores.device(), op, ": boxes and scores must be on the same device, got ",
       boxes.device(), " and ", scores.device());
 }
@@ -56,41 +51,55 @@ inline void check_batched_nms_inputs(
     const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs,
     double iou_threshold) {
   check_nms_inputs("batched_nms", boxes, scores, iou_threshold);
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       idxs.dim() == 1 && idxs.size(0) == boxes.size(0),
       "batched_nms: idxs must have shape [N] matching boxes, got ", idxs.sizes(), " for ",
       boxes.size(0), " boxes");
-  TORCH_CHECK_VALUE(
-      !idxs.is_floating_point() && !idxs.is_complex() && idxs.scalar_type() != at::kBool,
-      "batched_nms: idxs must be an integer tensor of category ids, got ", idxs.scalar_type());
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
+      !idxs.is_complex() && (!idxs.is_floating_point() || is_kernel_float(idxs.scalar_type())),
+      "batched_nms: idxs must be a tensor of integer, bool or floating category ids, got ",
+      idxs.scalar_type());
+  DETCORE_CHECK_ARG(
       idxs.device() == boxes.device(), "batched_nms: idxs must be on the device of boxes, got ",
       idxs.device(), " and ", boxes.device());
+}
+
+// batched_nms's category ids as int64, the kernels' type. Floating ids, which torchvision accepts,
+// are numbered by value (equal values, one category); NaN or infinite ones are refused. Bool ids
+// are categories 0 and 1.
+inline at::Tensor category_ids(const at::Tensor& idxs) {
+  if (!idxs.is_floating_point()) {
+    return idxs.to(at::kLong);
+  }
+  DETCORE_CHECK_ARG(
+      at::isfinite(idxs).all().item<bool>(),
+      "batched_nms: floating category ids (idxs) must be finite, got NaN or infinite values");
+  return std::get<1>(at::_unique2(idxs, /*sorted=*/true, /*return_inverse=*/true));
 }
 
 inline void check_roi_align_common(
     const char* op, const at::Tensor& values, const at::Tensor& rois, double spatial_scale,
     int64_t pooled_height, int64_t pooled_width, int64_t sampling_ratio) {
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       rois.dim() == 2 && rois.size(1) == 5, op,
       ": rois must have shape [K, 5] (batch_index, x1, y1, x2, y2), got ", rois.sizes());
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       is_kernel_float(values.scalar_type()), op,
       ": input must be float32, float64, float16 or bfloat16, got ", values.scalar_type());
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       rois.scalar_type() == values.scalar_type(), op,
       ": rois must have the dtype of input, got ", rois.scalar_type(), " and ",
       values.scalar_type());
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       rois.device() == values.device(), op, ": rois must be on the device of input, got ",
       rois.device(), " and ", values.device());
-  TORCH_CHECK_VALUE(
-      pooled_height > 0 && pooled_width > 0, op,
-      ": output_size must be positive, got (", pooled_height, ", ", pooled_width, ")");
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
+      pooled_height >= 0 && pooled_width >= 0, op,
+      ": output_size must be non-negative, got (", pooled_height, ", ", pooled_width, ")");
+  DETCORE_CHECK_ARG(
       sampling_ratio <= kMaxSamplingRatio, op, ": sampling_ratio must be at most ",
       kMaxSamplingRatio, " samples per bin side (<= 0: adaptive), got ", sampling_ratio);
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       std::isfinite(spatial_scale) && spatial_scale > 0, op,
       ": spatial_scale must be a finite number > 0, got ", spatial_scale);
 }
@@ -111,7 +120,7 @@ inline int64_t check_rois(
   auto bounds = at::aminmax(index);
   auto non_finite = (~at::isfinite(r)).sum().to(at::kDouble);
   at::Tensor samples;
-  if (sampling_ratio > 0) {
+  if (sampling_ratio > 0 || pooled_height == 0 || pooled_width == 0) {  // no bins: no samples
     samples = at::zeros({}, r.options());
   } else {
     const double offset = aligned ? 0.5 : 0.0;
@@ -128,14 +137,14 @@ inline int64_t check_rois(
   }
   auto summary = at::stack({std::get<0>(bounds), std::get<1>(bounds), non_finite, samples}).cpu();
   const double* v = summary.data_ptr<double>();
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       v[2] == 0, op, ": rois must be finite, got ", static_cast<int64_t>(v[2]),
       " NaN or infinite value(s)");
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       v[0] >= 0 && v[1] < static_cast<double>(batch_size), op,
       ": rois[:, 0] must be batch indices in [0, ", batch_size, "), got values in [", v[0], ", ",
       v[1], "]");
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       v[3] <= static_cast<double>(kMaxSamplesPerBin), op, ": with adaptive sampling a roi of ",
       "these rois would take ", v[3], " samples per output bin (at most ", kMaxSamplesPerBin,
       " are allowed); check the rois and spatial_scale (", spatial_scale,
@@ -146,7 +155,7 @@ inline int64_t check_rois(
 inline int64_t check_roi_align_inputs(
     const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
     int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       input.dim() == 4, "roi_align: input must have shape [N, C, H, W], got ", input.sizes());
   check_roi_align_common(
       "roi_align", input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio);
@@ -159,16 +168,16 @@ inline int64_t check_roi_align_backward_inputs(
     const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
     int64_t pooled_width, int64_t batch_size, int64_t channels, int64_t height, int64_t width,
     int64_t sampling_ratio, bool aligned) {
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       batch_size >= 0 && channels >= 0 && height >= 0 && width >= 0,
       "roi_align backward: the input shape must be non-negative, got [", batch_size, ", ",
       channels, ", ", height, ", ", width, "]");
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       grad.dim() == 4 && grad.size(0) == rois.size(0) && grad.size(2) == pooled_height &&
           grad.size(3) == pooled_width,
       "roi_align backward: grad must have shape [K, C, ", pooled_height, ", ", pooled_width,
       "] with K = number of rois (", rois.size(0), "), got ", grad.sizes());
-  TORCH_CHECK_VALUE(
+  DETCORE_CHECK_ARG(
       grad.size(1) == channels, "roi_align backward: grad has ", grad.size(1),
       " channels but the input had ", channels);
   check_roi_align_common(

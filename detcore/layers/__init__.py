@@ -2,6 +2,7 @@
 
 The ops need only torch and detcore._C at run time (no torchvision).
 """
+from ._extension import OpArgumentError
 from .batch_norm import FrozenBatchNorm2d, get_norm
 from .conv import Conv2d, c2_msra_fill, c2_xavier_fill
 from .nms import batched_nms, nms
@@ -9,6 +10,7 @@ from .roi_align import ROIAlign, RoIAlign, roi_align
 from .shape_spec import ShapeSpec
 
 __all__ = [
+    "OpArgumentError",
     "nms",
     "batched_nms",
     "roi_align",

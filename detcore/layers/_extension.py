@@ -31,6 +31,15 @@ def _load():
 _loaded = _load()
 
 
+# The error of every op argument check (C++ and Python): both a ValueError and a RuntimeError.
+if _loaded:
+    from detcore._C import OpArgumentError
+else:  # the Python-side checks still raise the same kind of error
+
+    class OpArgumentError(ValueError, RuntimeError):
+        """An argument of a detcore op is invalid."""
+
+
 def ensure_loaded():
     """Raise an error that says what to do if detcore._C is not usable."""
     if _loaded:

@@ -9,17 +9,17 @@ from torch import Tensor, nn
 from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
-from ._extension import ensure_loaded
+from ._extension import OpArgumentError, ensure_loaded
 
 
 def _check_box_list(boxes) -> None:
     """Eager-mode validation of a per-image box list, with errors that name the entry."""
     if len(boxes) == 0:
-        raise ValueError("roi_align: boxes is an empty list; give one Tensor[L, 4] per image")
+        raise OpArgumentError("roi_align: boxes is an empty list; give one Tensor[L, 4] per image")
     for i, b in enumerate(boxes):
         if not isinstance(b, Tensor) or b.dim() != 2 or b.size(1) != 4:
             shape = tuple(b.shape) if isinstance(b, Tensor) else type(b).__name__
-            raise ValueError(f"roi_align: boxes[{i}] must be a Tensor[L, 4], got {shape}")
+            raise OpArgumentError(f"roi_align: boxes[{i}] must be a Tensor[L, 4], got {shape}")
 
 
 def convert_boxes_to_roi_format(boxes: List[Tensor]) -> Tensor:
@@ -62,13 +62,13 @@ def roi_align(
     else:
         rois = convert_boxes_to_roi_format(boxes)
     if rois.dim() != 2 or rois.size(1) != 5:
-        raise ValueError(
+        raise OpArgumentError(
             "roi_align: boxes must be a Tensor[K, 5] (batch_index, x1, y1, x2, y2) or a list of "
             "Tensor[L, 4], got a tensor of shape " + str(rois.shape)
         )
     size = _pair(output_size)
     if len(size) != 2:
-        raise ValueError("roi_align: output_size must be an int or (height, width), got " + str(size))
+        raise OpArgumentError("roi_align: output_size must be an int or (height, width), got " + str(size))
     return torch.ops.detcore.roi_align(
         input, rois, float(spatial_scale), size[0], size[1], int(sampling_ratio), bool(aligned)
     )

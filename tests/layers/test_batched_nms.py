@@ -6,7 +6,7 @@ large ones; the sizes below straddle the switch (a few thousand boxes) so both a
 import pytest
 import torch
 
-from detcore.layers import batched_nms, nms
+from detcore.layers import OpArgumentError, batched_nms, nms
 
 try:
     from .reference_ops import batched_nms_reference, distinct_scores, random_boxes
@@ -142,15 +142,32 @@ def test_inputs_are_not_modified():
 
 
 def _raises(match, *args):
-    with pytest.raises((ValueError, RuntimeError), match=match):
+    with pytest.raises(OpArgumentError, match=match):
         batched_nms(*args)
+
+
+@pytest.mark.parametrize("kind", ["bool", "uint8", "int32", "float32", "float64"])
+def test_category_ids_of_any_real_type(kind):
+    """As torchvision: integer, bool and floating ids; distinct values are distinct categories
+    (0.5 and 1.0 too, which torchvision's coordinate-offset path would let overlap)."""
+    boxes, scores, idxs = _inputs(500, 6, seed=3)
+    values = {
+        "bool": idxs % 2 == 1,
+        "uint8": idxs.to(torch.uint8),
+        "int32": idxs.to(torch.int32),
+        "float32": idxs.float() * 0.5,
+        "float64": idxs.double() * 0.5 - 1,
+    }[kind]
+    expected = batched_nms_reference(boxes, scores, torch.unique(values, return_inverse=True)[1], 0.5)
+    assert torch.equal(batched_nms(boxes, scores, values, 0.5), expected)
 
 
 def test_bad_input_names_the_argument():
     boxes, scores, idxs = torch.rand(5, 4), torch.rand(5), torch.zeros(5, dtype=torch.int64)
     _raises("idxs", boxes, scores, torch.zeros(4, dtype=torch.int64), 0.5)
     _raises("idxs", boxes, scores, torch.zeros(5, 1, dtype=torch.int64), 0.5)
-    _raises("idxs", boxes, scores, torch.zeros(5), 0.5)  # float category ids
+    _raises("idxs", boxes, scores, torch.tensor([0.0, 1.0, float("nan"), 0.0, 1.0]), 0.5)
+    _raises("idxs", boxes, scores, torch.zeros(5, dtype=torch.complex64), 0.5)
     _raises("boxes", torch.rand(5, 5), scores, idxs, 0.5)
     _raises("scores", boxes, torch.rand(4), idxs, 0.5)
     _raises("boxes", torch.randint(0, 9, (5, 4)), scores, idxs, 0.5)

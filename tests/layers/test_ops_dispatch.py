@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from detcore.layers import batched_nms, nms, roi_align
+from detcore.layers import OpArgumentError, batched_nms, nms, roi_align
 
 try:
     from .reference_ops import distinct_scores, nms_reference, random_boxes, roi_align_reference
@@ -201,3 +201,27 @@ def test_python_wrappers_can_be_scripted_like_torchvisions():
     assert torch.equal(scripted(features, box_list, [3, 5], 1.0, 2, True), roi_align(features, box_list, (3, 5), 1.0, 2, True))
     module = ROIAlign(7, 0.5, 0, aligned=False)
     assert torch.equal(torch.jit.script(module)(features, box_list), module(features, box_list))
+
+
+def _bad_calls():
+    boxes, scores, x = torch.rand(4, 4), torch.rand(4), torch.rand(1, 2, 8, 8, requires_grad=True)
+    far = torch.tensor([[5.0, 0.0, 0.0, 4.0, 4.0]])  # batch index 5 of 1 image
+    return {
+        "nms": lambda: nms(boxes, scores[:3], 0.5),
+        "torch.ops nms": lambda: torch.ops.detcore.nms(boxes[:, :3], scores, 0.5),
+        "batched_nms": lambda: batched_nms(boxes, scores, torch.zeros(3, dtype=torch.long), 0.5),
+        "roi_align (autograd)": lambda: roi_align(x, far, 2),
+        "roi_align (python check)": lambda: roi_align(x, [torch.rand(2, 3)], 2),
+        "backward op": lambda: torch.ops.detcore._roi_align_backward(
+            torch.rand(1, 2, 2, 2), far, 1.0, 2, 2, 1, 2, 8, 8, 2, True
+        ),
+    }
+
+
+@pytest.mark.parametrize("entry", list(_bad_calls()))
+def test_bad_arguments_raise_one_error_that_is_both_value_and_runtime_error(entry):
+    """A caller's `except RuntimeError` (torchvision's error) and `except ValueError` both work."""
+    with pytest.raises(OpArgumentError) as info:
+        _bad_calls()[entry]()
+    assert isinstance(info.value, ValueError) and isinstance(info.value, RuntimeError)
+    assert "\n" not in str(info.value).strip()  # the sentence alone, no C++ frames

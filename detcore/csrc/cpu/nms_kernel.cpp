@@ -19,6 +19,7 @@
 #include <torch/library.h>
 
 #include "../checks.h"
+#include "compute_type.h"
 #include "parallel.h"
 
 namespace detcore {
@@ -201,14 +202,14 @@ at::Tensor sort_order(const at::Tensor& scores) {
 
 at::Tensor nms_cpu(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold) {
   check_nms_inputs("nms", boxes, scores, iou_threshold);
-  check_cpu_dtype("nms", "boxes", boxes);
   if (boxes.size(0) == 0) {
     return at::empty({0}, boxes.options().dtype(at::kLong));
   }
   auto order = sort_order(scores);
+  const auto boxes_c = in_compute_type(boxes);
   at::Tensor none;
-  return AT_DISPATCH_FLOATING_TYPES(boxes.scalar_type(), "nms_cpu", [&] {
-    return nms_sorted<scalar_t>(boxes, order, none, iou_threshold, /*per_class=*/false);
+  return AT_DISPATCH_FLOATING_TYPES(boxes_c.scalar_type(), "nms_cpu", [&] {
+    return nms_sorted<scalar_t>(boxes_c, order, none, iou_threshold, /*per_class=*/false);
   });
 }
 
@@ -216,15 +217,15 @@ at::Tensor batched_nms_cpu(
     const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs,
     double iou_threshold) {
   check_batched_nms_inputs(boxes, scores, idxs, iou_threshold);
-  check_cpu_dtype("batched_nms", "boxes", boxes);
   if (boxes.size(0) == 0) {
     return at::empty({0}, boxes.options().dtype(at::kLong));
   }
   auto order = sort_order(scores);
-  auto sorted_category = idxs.to(at::kLong).index_select(0, order).contiguous();
+  auto sorted_category = category_ids(idxs).index_select(0, order).contiguous();
   const bool per_class = boxes.size(0) > kPerClassMinBoxes;
-  return AT_DISPATCH_FLOATING_TYPES(boxes.scalar_type(), "batched_nms_cpu", [&] {
-    return nms_sorted<scalar_t>(boxes, order, sorted_category, iou_threshold, per_class);
+  const auto boxes_c = in_compute_type(boxes);
+  return AT_DISPATCH_FLOATING_TYPES(boxes_c.scalar_type(), "batched_nms_cpu", [&] {
+    return nms_sorted<scalar_t>(boxes_c, order, sorted_category, iou_threshold, per_class);
   });
 }
 

@@ -19,6 +19,7 @@
 
 #include "../checks.h"
 #include "../roi_align_common.h"
+#include "compute_type.h"
 #include "parallel.h"
 
 namespace detcore {
@@ -299,7 +300,12 @@ at::Tensor roi_align_forward_cpu(
     int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
   const int64_t max_samples = check_roi_align_inputs(
       input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned);
-  check_cpu_dtype("roi_align", "input", input);
+  if (is_half_type(input)) {
+    return roi_align_forward_cpu(
+               in_compute_type(input), in_compute_type(rois), spatial_scale, pooled_height,
+               pooled_width, sampling_ratio, aligned)
+        .to(input.scalar_type());
+  }
   auto output = at::zeros(
       {rois.size(0), input.size(1), pooled_height, pooled_width}, input.options());
   if (output.numel() == 0 || input.size(2) == 0 || input.size(3) == 0) {
@@ -330,7 +336,12 @@ at::Tensor roi_align_backward_cpu(
   const int64_t max_samples = check_roi_align_backward_inputs(
       grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
       width, sampling_ratio, aligned);
-  check_cpu_dtype("roi_align backward", "grad", grad);
+  if (is_half_type(grad)) {
+    return roi_align_backward_cpu(
+               in_compute_type(grad), in_compute_type(rois), spatial_scale, pooled_height,
+               pooled_width, batch_size, channels, height, width, sampling_ratio, aligned)
+        .to(grad.scalar_type());
+  }
   if (grad.numel() == 0 || height == 0 || width == 0) {
     return at::zeros({batch_size, channels, height, width}, grad.options());
   }

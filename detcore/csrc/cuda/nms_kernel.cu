@@ -31,7 +31,7 @@ at::Tensor nms_impl(
   const at::Tensor sorted_boxes = boxes.index_select(0, order).contiguous();
   at::Tensor sorted_categories;
   if (categories.defined()) {
-    sorted_categories = categories.index_select(0, order).to(at::kLong).contiguous();
+    sorted_categories = categories.index_select(0, order).contiguous();
   }
 
   const NmsLaunch launch = nms_launch(n);
@@ -74,7 +74,7 @@ at::Tensor batched_nms_cuda(
     const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs,
     double iou_threshold) {
   check_batched_nms_inputs(boxes, scores, idxs, iou_threshold);
-  return nms_impl(boxes, scores, idxs, iou_threshold);
+  return nms_impl(boxes, scores, category_ids(idxs), iou_threshold);
 }
 
 }  // namespace
