@@ -109,7 +109,10 @@ setup(
     packages=find_packages(exclude=("tests", "tests.*", "tools", "configs")),
     python_requires=">=3.9",
     install_requires=["torch", "yacs", "numpy", "pycocotools", "opencv-python-headless"],
-    extras_require={"test": ["pytest", "hypothesis", "torchvision", "imgviz"]},
+    extras_require={
+        "test": ["pytest", "hypothesis", "torchvision", "imgviz", "onnx", "onnxruntime", "onnxscript"],
+        "export": ["onnx", "onnxruntime", "onnxscript"],
+    },
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},
     zip_safe=False,

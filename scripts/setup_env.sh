@@ -10,8 +10,9 @@ PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c "import torch" 2>/dev/null; then
   "$PYTHON" -m pip install torch torchvision
 fi
-# tensorboard is optional for users; installed here so the tests run its writer too.
-"$PYTHON" -m pip install "setuptools>=64" wheel yacs numpy pycocotools opencv-python-headless ninja pytest hypothesis imgviz tensorboard
+# tensorboard and onnx, onnxruntime, onnxscript (export) are optional for users; installed here so
+# the tests run them too.
+"$PYTHON" -m pip install "setuptools>=64" wheel yacs numpy pycocotools opencv-python-headless ninja pytest hypothesis imgviz tensorboard onnx onnxruntime onnxscript
 # imgsim only for its weights file (a self-supervised ResNet-50: tools/transfer_demo.py and a
 # checkpoint test); --no-deps, as it asks for opencv-python, which would clash with the headless build.
 "$PYTHON" -m pip install --no-deps imgsim

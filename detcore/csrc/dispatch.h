@@ -37,13 +37,13 @@ inline at::Tensor call_roi_align(
 
 inline at::Tensor call_roi_align_backward(
     const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
-    int64_t pooled_width, int64_t batch_size, int64_t channels, int64_t height, int64_t width,
-    int64_t sampling_ratio, bool aligned) {
+    int64_t pooled_width, c10::SymInt batch_size, c10::SymInt channels, c10::SymInt height,
+    c10::SymInt width, int64_t sampling_ratio, bool aligned) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("detcore::_roi_align_backward", "")
                        .typed<at::Tensor(
                            const at::Tensor&, const at::Tensor&, double, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, int64_t, int64_t, bool)>();
+                           c10::SymInt, c10::SymInt, c10::SymInt, c10::SymInt, int64_t, bool)>();
   return op.call(
       grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
       sampling_ratio, aligned);

@@ -15,9 +15,11 @@ TORCH_LIBRARY(detcore, m) {
   m.def(
       "roi_align(Tensor input, Tensor rois, float spatial_scale, int pooled_height, "
       "int pooled_width, int sampling_ratio, bool aligned) -> Tensor");
+  // The input's shape is symbolic (SymInt) so that tracing roi_align with dynamic image sizes
+  // (torch.export, torch.compile) does not fix them to the example's.
   m.def(
       "_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, "
-      "int pooled_width, int batch_size, int channels, int height, int width, "
+      "int pooled_width, SymInt batch_size, SymInt channels, SymInt height, SymInt width, "
       "int sampling_ratio, bool aligned) -> Tensor");
   // What this binary was built with, for collect_env and for clear errors.
   m.def("_cuda_version() -> int", &cuda_version);

@@ -18,8 +18,9 @@ class ROIAlignBackwardFunction : public torch::autograd::Function<ROIAlignBackwa
  public:
   static variable_list forward(
       AutogradContext*, const at::Tensor& grad, const at::Tensor& rois,
-      double spatial_scale, int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
-      int64_t channels, int64_t height, int64_t width, int64_t sampling_ratio, bool aligned) {
+      double spatial_scale, int64_t pooled_height, int64_t pooled_width, c10::SymInt batch_size,
+      c10::SymInt channels, c10::SymInt height, c10::SymInt width, int64_t sampling_ratio,
+      bool aligned) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return {call_roi_align_backward(
         grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
@@ -43,7 +44,12 @@ class ROIAlignFunction : public torch::autograd::Function<ROIAlignFunction> {
     ctx->saved_data["pooled_width"] = pooled_width;
     ctx->saved_data["sampling_ratio"] = sampling_ratio;
     ctx->saved_data["aligned"] = aligned;
-    ctx->saved_data["input_shape"] = input.sizes();
+    // Symbolic sizes: reading concrete ones would fix a traced graph to the example's shape.
+    const auto shape = input.sym_sizes();
+    ctx->saved_data["batch_size"] = shape[0];
+    ctx->saved_data["channels"] = shape[1];
+    ctx->saved_data["height"] = shape[2];
+    ctx->saved_data["width"] = shape[3];
     ctx->save_for_backward({rois});
     at::AutoDispatchBelowADInplaceOrView guard;
     return {call_roi_align(
@@ -52,12 +58,12 @@ class ROIAlignFunction : public torch::autograd::Function<ROIAlignFunction> {
 
   static variable_list backward(AutogradContext* ctx, const variable_list& grad_output) {
     auto rois = ctx->get_saved_variables()[0];
-    const auto shape = ctx->saved_data["input_shape"].toIntVector();
     auto grad_input = ROIAlignBackwardFunction::apply(
         grad_output[0], rois, ctx->saved_data["spatial_scale"].toDouble(),
         ctx->saved_data["pooled_height"].toInt(), ctx->saved_data["pooled_width"].toInt(),
-        shape[0], shape[1], shape[2], shape[3], ctx->saved_data["sampling_ratio"].toInt(),
-        ctx->saved_data["aligned"].toBool())[0];
+        ctx->saved_data["batch_size"].toSymInt(), ctx->saved_data["channels"].toSymInt(),
+        ctx->saved_data["height"].toSymInt(), ctx->saved_data["width"].toSymInt(),
+        ctx->saved_data["sampling_ratio"].toInt(), ctx->saved_data["aligned"].toBool())[0];
     return {grad_input, at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -72,8 +78,8 @@ at::Tensor roi_align_autograd(
 
 at::Tensor roi_align_backward_autograd(
     const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
-    int64_t pooled_width, int64_t batch_size, int64_t channels, int64_t height, int64_t width,
-    int64_t sampling_ratio, bool aligned) {
+    int64_t pooled_width, c10::SymInt batch_size, c10::SymInt channels, c10::SymInt height,
+    c10::SymInt width, int64_t sampling_ratio, bool aligned) {
   return ROIAlignBackwardFunction::apply(
       grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
       sampling_ratio, aligned)[0];
