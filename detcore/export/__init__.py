@@ -1,12 +1,25 @@
-"""Exporting detcore: its ops in ONNX (and, in later steps, whole models to TorchScript,
-torch.export and ONNX).
+"""Exporting detcore: detectors to torch.export's ExportedProgram and to ONNX
+(``export_model``, ``tools/export_model.py``), and the ops alone to ONNX.
 
 Importing this package teaches torch.onnx's TorchScript-based exporter detcore's ops; for the
 current exporter (dynamo=True) use ``export_onnx`` or pass ``onnx_translation_table()`` as its
 ``custom_translation_table``.
 """
+from .model_export import FORMATS, export_model, trace_detector
 from .onnx_ops import OPSET, export_onnx, onnx_translation_table, register_onnx_symbolics
+from .wrapper import ExportableDetector, paste_masks, resize_for_model
 
 register_onnx_symbolics()
 
-__all__ = ["OPSET", "export_onnx", "onnx_translation_table", "register_onnx_symbolics"]
+__all__ = [
+    "ExportableDetector",
+    "FORMATS",
+    "OPSET",
+    "export_model",
+    "export_onnx",
+    "onnx_translation_table",
+    "paste_masks",
+    "register_onnx_symbolics",
+    "resize_for_model",
+    "trace_detector",
+]

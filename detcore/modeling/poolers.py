@@ -59,7 +59,7 @@ def _boxes_to_rois(box_lists: Sequence[Boxes]) -> Tensor:
     tensors = [b.tensor for b in box_lists]
     device, dtype = tensors[0].device, tensors[0].dtype
     index = torch.cat(
-        [torch.full((len(t), 1), i, dtype=dtype, device=device) for i, t in enumerate(tensors)]
+        [torch.full((t.shape[0], 1), i, dtype=dtype, device=device) for i, t in enumerate(tensors)]
     )
     return torch.cat([index, torch.cat(tensors)], dim=1)
 

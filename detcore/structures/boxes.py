@@ -34,8 +34,9 @@ class Boxes:
             tensor = torch.as_tensor(np.asarray(tensor, dtype=np.float32))
         if not tensor.is_floating_point():
             tensor = tensor.to(torch.float32)
-        if tensor.numel() == 0:
+        if (tensor.dim() != 2 or tensor.shape[-1] != 4) and tensor.numel() == 0:
             # Keeps "no boxes" uniform whatever shape the empty input had (e.g. [0] from a list).
+            # (Shape first: a traced [N, 4] with a data-dependent N is never asked if N == 0.)
             tensor = tensor.reshape(0, 4)
         if tensor.dim() != 2 or tensor.shape[-1] != 4:
             raise ValueError(f"Boxes: tensor must have shape [N, 4], got {tuple(tensor.shape)}")

@@ -3,8 +3,9 @@ import numbers
 from typing import List, Sequence, Tuple
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-__all__ = ["ImageList"]
+__all__ = ["ImageList", "size_int"]
 
 
 class ImageList:
@@ -26,8 +27,8 @@ class ImageList:
         for i, size in enumerate(image_sizes):
             if len(size) != 2:
                 raise ValueError(f"ImageList: image_sizes[{i}] must be (h, w), got {size!r}")
-            h, w = int(size[0]), int(size[1])
-            if not (0 <= h <= tensor.shape[2] and 0 <= w <= tensor.shape[3]):
+            h, w = size_int(size[0]), size_int(size[1])
+            if statically_known_true(h < 0) or statically_known_true(h > tensor.shape[2]) or statically_known_true(w < 0) or statically_known_true(w > tensor.shape[3]):
                 raise ValueError(
                     f"ImageList: image_sizes[{i}] = {(h, w)} does not fit in the padded "
                     f"{tuple(tensor.shape[2:])} tensor"
@@ -79,13 +80,24 @@ class ImageList:
                     f"ImageList.from_tensors: tensors[{i}] is {t.shape[0]} channels {t.dtype} on {t.device}, "
                     f"but tensors[0] is {first.shape[0]} channels {first.dtype} on {first.device}"
                 )
-        image_sizes = [(int(t.shape[1]), int(t.shape[2])) for t in tensors]
-        max_h = max(h for h, _ in image_sizes)
-        max_w = max(w for _, w in image_sizes)
+        image_sizes = [(size_int(t.shape[1]), size_int(t.shape[2])) for t in tensors]
+        if len(tensors) == 1:
+            max_h, max_w = image_sizes[0]
+        else:
+            max_h = max(h for h, _ in image_sizes)
+            max_w = max(w for _, w in image_sizes)
         if size_divisibility > 1:
-            max_h = -(-max_h // size_divisibility) * size_divisibility
-            max_w = -(-max_w // size_divisibility) * size_divisibility
-        batch = first.new_full((len(tensors), first.shape[0], max_h, max_w), pad_value)
-        for i, t in enumerate(tensors):
-            batch[i, :, : t.shape[1], : t.shape[2]].copy_(t)
-        return ImageList(batch, image_sizes)
+            # Written as size + (-size) % d: a tracer can then prove the padding is >= 0.
+            max_h = max_h + (-max_h) % size_divisibility
+            max_w = max_w + (-max_w) % size_divisibility
+        padded = [
+            torch.nn.functional.pad(t, (0, max_w - t.shape[2], 0, max_h - t.shape[1]), value=pad_value)
+            for t in tensors
+        ]
+        return ImageList(torch.stack(padded), image_sizes)
+
+
+def size_int(value):
+    """An image side as an int; a symbolic one (traced with dynamic image sizes for export) stays
+    symbolic, so the graph works for every size."""
+    return value if isinstance(value, torch.SymInt) else int(value)

@@ -9,6 +9,9 @@ import numbers
 from typing import Any, Dict, List, Tuple
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from .image_list import size_int
 
 __all__ = ["Instances"]
 
@@ -24,7 +27,7 @@ class Instances:
     def __init__(self, image_size: Tuple[int, int], **fields: Any):
         if len(image_size) != 2:
             raise ValueError(f"Instances: image_size must be (height, width), got {image_size!r}")
-        self._image_size = (int(image_size[0]), int(image_size[1]))
+        self._image_size = (size_int(image_size[0]), size_int(image_size[1]))
         self._fields: Dict[str, Any] = {}
         for name, value in fields.items():
             self.set(name, value)
@@ -59,18 +62,19 @@ class Instances:
         if name == "image_size" or name.startswith("_"):
             raise ValueError(f"Instances: '{name}' cannot be used as a field name")
         try:
-            length = len(value)
+            length = _length(value)
         except TypeError:
             raise TypeError(
                 f"Instances: field '{name}' must have a length (tensor, Boxes, list...), got "
                 f"{type(value).__name__}"
             ) from None
         # All existing fields share one length, so comparing with one other field is enough.
+        # (Traced with a data-dependent count, lengths not provably different pass.)
         other = next((n for n in self._fields if n != name), None)
-        if other is not None and len(self._fields[other]) != length:
+        if other is not None and statically_known_true(_length(self._fields[other]) != length):
             raise ValueError(
                 f"Instances: field '{name}' has length {length} but field '{other}' has length "
-                f"{len(self._fields[other])}"
+                f"{_length(self._fields[other])}"
             )
         self._fields[name] = value
 
@@ -94,6 +98,13 @@ class Instances:
         # No fields yet: no instances known, 0 keeps "for" loops and filters simple.
         for value in self._fields.values():
             return len(value)
+        return 0
+
+    def num_instances(self):
+        """``len(self)``, but symbolic where the count is (tracing for export): len() must
+        return a Python int."""
+        for value in self._fields.values():
+            return _length(value)
         return 0
 
     def __getitem__(self, item) -> "Instances":
@@ -189,3 +200,13 @@ def _index_list(values: list, item) -> list:
             return _index_list(values, torch.tensor(item, dtype=torch.bool))
         return [values[i] for i in item]
     raise TypeError(f"cannot index a list field with {type(item).__name__}")
+
+
+def _length(value):
+    """A field's length; for tensors (and Boxes) the size itself, which stays symbolic when traced."""
+    if isinstance(value, torch.Tensor):
+        return value.shape[0]
+    tensor = getattr(value, "tensor", None)
+    if isinstance(tensor, torch.Tensor):
+        return tensor.shape[0]
+    return len(value)

@@ -78,15 +78,12 @@ def find_top_rpn_proposals(
     for n, image_size in enumerate(image_sizes):
         boxes, scores, lvl = top_boxes[n], top_scores[n], level_ids
         finite = torch.isfinite(boxes).all(dim=1) & torch.isfinite(scores)
-        if not bool(finite.all()):
-            if training:
-                raise FloatingPointError("RPN predicted non-finite boxes or objectness logits: training diverged")
-            boxes, scores, lvl = boxes[finite], scores[finite], lvl[finite]
-
+        if training and not bool(finite.all()):
+            raise FloatingPointError("RPN predicted non-finite boxes or objectness logits: training diverged")
+        # Masked unconditionally (no data-dependent branch), so the path traces into one graph.
         boxes = Boxes(boxes).clip(image_size)
-        keep = boxes.nonempty(threshold=min_box_size)
-        if not bool(keep.all()):
-            boxes, scores, lvl = boxes[keep], scores[keep], lvl[keep]
+        keep = finite & boxes.nonempty(threshold=min_box_size)
+        boxes, scores, lvl = boxes[keep], scores[keep], lvl[keep]
 
         keep = batched_nms(boxes.tensor, scores, lvl, nms_thresh)[:post_nms_topk]
         results.append(Instances(image_size, proposal_boxes=boxes[keep], objectness_logits=scores[keep]))

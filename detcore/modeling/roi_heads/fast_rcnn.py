@@ -90,9 +90,9 @@ def fast_rcnn_inference_single_image(
             f"classes, got {boxes.shape[1]}"
         )
     # A diverged model can emit inf/NaN; drop those ROIs rather than let NMS see them.
+    # (Masked unconditionally: no data-dependent branch, so inference traces into one graph.)
     valid = torch.isfinite(boxes).all(dim=1) & torch.isfinite(scores).all(dim=1)
-    if not valid.all():
-        boxes, scores = boxes[valid], scores[valid]
+    boxes, scores = boxes[valid], scores[valid]
     roi_index = torch.nonzero(valid).squeeze(1)
 
     scores = scores[:, :-1]
@@ -276,7 +276,7 @@ class FastRCNNOutputLayers(nn.Module):
         _, deltas = predictions
         if len(proposals) == 0:
             return []
-        num_per_image = [len(p) for p in proposals]
+        num_per_image = [p.num_instances() for p in proposals]
         proposal_boxes = torch.cat([p.proposal_boxes.tensor for p in proposals]).to(deltas.device)
         # Decode in float32 at least: half-precision image coordinates are off by pixels (AMP).
         deltas = deltas.to(torch.promote_types(deltas.dtype, torch.float32))
@@ -286,7 +286,7 @@ class FastRCNNOutputLayers(nn.Module):
     def predict_probs(self, predictions: Tuple[Tensor, Tensor], proposals: List[Instances]) -> List[Tensor]:
         """Per image, the class probabilities [R_i, K + 1] (softmax; background last)."""
         scores, _ = predictions
-        num_per_image = [len(p) for p in proposals]
+        num_per_image = [p.num_instances() for p in proposals]
         probs = F.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
         return list(probs.split(num_per_image))
 

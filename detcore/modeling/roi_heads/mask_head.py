@@ -105,7 +105,7 @@ def mask_rcnn_loss(pred_mask_logits: Tensor, instances: List[Instances], target_
 def mask_rcnn_inference(pred_mask_logits: Tensor, pred_instances: List[Instances]) -> None:
     """Sets `pred_masks` [N_i, 1, M, M] (probabilities of the predicted class) on each image's
     detections; `pred_instances` must carry `pred_classes` unless the head is class-agnostic."""
-    num_per_image = [len(x) for x in pred_instances]
+    num_per_image = [x.num_instances() for x in pred_instances]
     if sum(num_per_image) != pred_mask_logits.shape[0]:
         raise ValueError(
             f"mask_rcnn_inference: {pred_mask_logits.shape[0]} mask predictions for {sum(num_per_image)} detections"

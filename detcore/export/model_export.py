@@ -1,0 +1,120 @@
+"""Export a detcore detector to a file: torch.export's ExportedProgram (.pt2) or ONNX (.onnx),
+with a JSON beside it that says how to feed it and read its outputs.
+
+The graph is ``ExportableDetector`` (see wrapper.py): one uint8 image of any height and width in,
+boxes / scores / classes (and M×M mask probabilities) out. ONNX is converted from the same
+ExportedProgram, with detcore's ops as NonMaxSuppression / RoiAlign (onnx_ops.py).
+"""
+import os
+import platform
+from typing import Dict, Optional
+
+import torch
+
+import detcore
+from detcore.utils import strict_json
+
+from .onnx_ops import OPSET, onnx_translation_table
+from .wrapper import ExportableDetector
+
+__all__ = ["FORMATS", "export_model", "trace_detector"]
+
+FORMATS = ("exported_program", "onnx")
+_FILE_NAMES = {"exported_program": "model.pt2", "onnx": "model.onnx"}
+
+
+def _example_image(cfg, input_layout: str) -> torch.Tensor:
+    """A uint8 image of the model's test resolution (the graph keeps height and width dynamic)."""
+    side = int(cfg.INPUT.MIN_SIZE_TEST) or 256
+    generator = torch.Generator().manual_seed(0)
+    image = torch.randint(0, 256, (3, side, side * 4 // 3), generator=generator, dtype=torch.uint8)
+    return image.permute(1, 2, 0).contiguous() if input_layout == "HWC" else image
+
+
+def trace_detector(detector: ExportableDetector, image: torch.Tensor) -> torch.export.ExportedProgram:
+    """torch.export of the detector, with the image's height and width left dynamic."""
+    spatial = (0, 1) if detector.input_layout == "HWC" else (1, 2)
+    dynamic = {axis: torch.export.Dim.AUTO for axis in spatial}
+    with torch.no_grad():
+        return torch.export.export(detector, (image,), dynamic_shapes=(dynamic,), strict=False)
+
+
+def export_model(
+    cfg, model, fmt: str, output_dir: str, sample_image: Optional[torch.Tensor] = None,
+    input_layout: str = "CHW", class_names=None,
+) -> Dict[str, str]:
+    """Writes ``output_dir/model.pt2`` or ``model.onnx`` and ``output_dir/export.json``.
+
+    Args:
+        cfg: the config the model was built from (kept in the JSON).
+        model: a GeneralizedRCNN with its weights loaded.
+        fmt: one of FORMATS.
+        sample_image: a uint8 image in ``input_layout`` to trace with (a random one at the
+            config's test size otherwise); any size works afterwards.
+        class_names: names of the classes, by class id (for the JSON).
+
+    Returns:
+        ``{"model": path, "metadata": path}``.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"export_model: format must be one of {FORMATS}, got {fmt!r}")
+    detector = ExportableDetector(model, input_layout)
+    image = sample_image if sample_image is not None else _example_image(cfg, input_layout)
+    expected_channels_axis = -1 if input_layout == "HWC" else 0
+    if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[expected_channels_axis] != 3:
+        raise ValueError(
+            f"export_model: sample_image must be a uint8 {input_layout} image with 3 channels, got "
+            f"{image.dtype} of shape {tuple(image.shape)}"
+        )
+    os.makedirs(output_dir, exist_ok=True)
+    program = trace_detector(detector, image.to(detector.model.device))
+    path = os.path.join(output_dir, _FILE_NAMES[fmt])
+    temporary = path + ".tmp"
+    if fmt == "exported_program":
+        torch.export.save(program, temporary)
+    else:
+        onnx_program = torch.onnx.export(
+            program, (image,), dynamo=True, opset_version=OPSET,
+            custom_translation_table=onnx_translation_table(), input_names=["image"],
+            output_names=list(detector.output_names), verbose=False,
+        )
+        onnx_program.save(temporary)
+    os.replace(temporary, path)  # whole or not at all
+    metadata_path = os.path.join(output_dir, "export.json")
+    with open(metadata_path + ".tmp", "w") as f:
+        f.write(strict_json.dumps(_metadata(cfg, detector, fmt, os.path.basename(path), class_names), indent=2))
+    os.replace(metadata_path + ".tmp", metadata_path)
+    return {"model": path, "metadata": metadata_path}
+
+
+def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class_names) -> dict:
+    min_size, max_size = int(cfg.INPUT.MIN_SIZE_TEST), int(cfg.INPUT.MAX_SIZE_TEST)
+    return {
+        "format": fmt,
+        "file": file_name,
+        "input": {
+            "name": "image",
+            "dtype": "uint8",
+            "layout": detector.input_layout,
+            "channel_order": cfg.INPUT.FORMAT,
+            "size": "any height and width",
+            "resize_before": (
+                f"shortest edge to {min_size}, longest at most {max_size} (detcore.export.resize_for_model); "
+                "boxes come out in the pixels of the image given" if min_size > 0 else "none"
+            ),
+            "min_size_test": min_size,
+            "max_size_test": max_size,
+        },
+        "outputs": list(detector.output_names),
+        "class_names": list(class_names) if class_names else None,
+        "score_threshold": float(cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST),
+        "mask_threshold": float(cfg.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD) if detector.mask_on else None,
+        "mask_paste_mode": cfg.MODEL.ROI_MASK_HEAD.PASTE_MODE if detector.mask_on else None,
+        "onnx_opset": OPSET if fmt == "onnx" else None,
+        "config": cfg.dump(),
+        "versions": {
+            "detcore": detcore.__version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+    }

@@ -1,0 +1,86 @@
+"""The export-facing form of a detector: tensors in, tensors out, one graph.
+
+``ExportableDetector(model)`` runs a GeneralizedRCNN on one uint8 image in the model's channel
+order (INPUT.FORMAT) and returns plain tensors:
+
+* ``boxes``: float32 ``[N, 4]`` xyxy in the input image's pixels;
+* ``scores``: float32 ``[N]``; ``classes``: int64 ``[N]`` in ``[0, NUM_CLASSES)``;
+* ``mask_probs`` (Mask R-CNN only): float32 ``[N, M, M]`` mask probabilities of each detection's
+  class, in its box (M = 28 for the standard head).
+
+Normalization and padding are in the graph; resizing is not: torch.export cannot keep a resize
+whose output size depends on the input's through a min/max rule as one graph for every size, so
+the caller resizes (``resize_for_model``), or exports for images already at model resolution.
+
+Masks come out as the head's M×M probabilities, not pasted full-image masks: a full-image mask
+per detection is N×H×W (100 × 800 × 1333 floats is 400 MB) and pasting is a per-box loop that
+exports poorly; ``paste_masks`` (the model's own paste) turns them into image masks on the host.
+"""
+from typing import Tuple
+
+import torch
+from torch import Tensor, nn
+
+from detcore.data.transforms import ResizeShortestEdge, ResizeTransform
+from detcore.structures import Boxes
+from detcore.structures.mask_paste import paste_masks_in_image
+
+__all__ = ["ExportableDetector", "paste_masks", "resize_for_model"]
+
+INPUT_LAYOUTS = ("CHW", "HWC")
+
+
+class ExportableDetector(nn.Module):
+    """Args:
+        model: a GeneralizedRCNN in eval mode.
+        input_layout: "CHW" (``[3, H, W]``) or "HWC" (``[H, W, 3]``, as OpenCV reads images).
+    """
+
+    def __init__(self, model: nn.Module, input_layout: str = "CHW"):
+        super().__init__()
+        if input_layout not in INPUT_LAYOUTS:
+            raise ValueError(f"ExportableDetector: input_layout must be one of {INPUT_LAYOUTS}, got {input_layout!r}")
+        self.model = model.eval()
+        self.input_layout = input_layout
+        self.mask_on = bool(getattr(model.roi_heads, "mask_on", False))
+
+    def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
+        if self.input_layout == "HWC":
+            image = image.permute(2, 0, 1)
+        result = self.model.inference([{"image": image}], do_postprocess=False)[0]
+        boxes = result.pred_boxes.tensor
+        # As the eager postprocessing: boxes left empty by clipping are dropped (masked always:
+        # one graph for any count).
+        keep = Boxes(boxes).nonempty()
+        outputs = (boxes[keep], result.scores[keep], result.pred_classes[keep])
+        if self.mask_on:
+            outputs += (result.pred_masks[keep][:, 0],)
+        return outputs
+
+    @property
+    def output_names(self) -> Tuple[str, ...]:
+        names = ("boxes", "scores", "classes")
+        return names + ("mask_probs",) if self.mask_on else names
+
+
+def resize_for_model(image: Tensor, min_size: int, max_size: int) -> Tuple[Tensor, float, float]:
+    """The evaluation loader's resize (shortest edge to ``min_size``, longest at most
+    ``max_size``) of a uint8 ``[H, W, 3]`` image given as a tensor or numpy array. Returns the
+    resized ``[H', W', 3]`` uint8 tensor and the x, y factors that map its pixels back."""
+    array = image.numpy() if isinstance(image, Tensor) else image
+    h, w = array.shape[:2]
+    if min_size <= 0:
+        return torch.as_tensor(array), 1.0, 1.0
+    new_h, new_w = ResizeShortestEdge.get_output_shape(h, w, min_size, max_size)
+    resized = ResizeTransform(h, w, new_h, new_w).apply_image(array)
+    return torch.as_tensor(resized), w / new_w, h / new_h
+
+
+def paste_masks(
+    mask_probs: Tensor, boxes: Tensor, height: int, width: int, threshold: float = 0.5, mode: str = "aligned"
+) -> Tensor:
+    """``[N, M, M]`` mask probabilities and their ``[N, 4]`` boxes (in an image of ``height`` ×
+    ``width``) → ``[N, height, width]`` bool masks, as the eager model pastes them (threshold and
+    mode: the config's MODEL.ROI_MASK_HEAD.MASK_THRESHOLD and PASTE_MODE, kept in the export's
+    JSON)."""
+    return paste_masks_in_image(mask_probs, boxes, (height, width), threshold=threshold, mode=mode)

