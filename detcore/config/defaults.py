@@ -331,6 +331,9 @@ _C.TEST = CN()
 _C.TEST.DETECTIONS_PER_IMAGE = 100
 # Evaluate on DATASETS.TEST every this many iterations during training; 0 = only at the end.
 _C.TEST.EVAL_PERIOD = 0
+# Images per inference batch (per process) in evaluation; >= 1. Images of a batch are padded to
+# the largest of them; detections do not depend on it beyond float rounding.
+_C.TEST.IMS_PER_BATCH = 1
 
 # ---------------------------------------------------------------------------------------------
 # Misc

@@ -205,11 +205,13 @@ def build_detection_train_loader(cfg, mapper: Optional[Callable[[dict], dict]] =
 
 
 def build_detection_test_loader(cfg, dataset_name: str, mapper: Optional[Callable[[dict], dict]] = None) -> DataLoader:
-    """Inference loader of one dataset: every image once across ranks, batches of 1."""
+    """Inference loader of one dataset: every image once across ranks, in batches of
+    TEST.IMS_PER_BATCH."""
     set_datasets_root(cfg.DATASETS.ROOT or None)
     records = get_detection_dataset_dicts([dataset_name], filter_empty=False)
     return make_detection_test_loader(
         records,
         mapper if mapper is not None else build_from_config(DatasetMapper, cfg, is_train=False),
+        batch_size=cfg.TEST.IMS_PER_BATCH,
         num_workers=cfg.DATALOADER.NUM_WORKERS,
     )

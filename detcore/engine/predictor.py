@@ -1,4 +1,4 @@
-"""Predictor: one image in (as OpenCV reads it), detections out (as numpy arrays).
+"""Predictor: an image (as OpenCV reads it) or a list of them in, detections out (numpy arrays).
 
 The simplest way to use a trained model from a script or a notebook:
 
@@ -27,8 +27,9 @@ class Predictor:
     """Builds the model of `cfg` in eval mode on MODEL.DEVICE, loads MODEL.WEIGHTS (when set) and
     runs it on single images.
 
-    `__call__(image)` takes a ``[H, W, 3]`` uint8 numpy array in BGR order and returns a dict of
-    numpy arrays describing the detections in that image's pixel coordinates:
+    `__call__(image)` takes a ``[H, W, 3]`` uint8 numpy array in BGR order (or a list of them, run
+    as one batch) and returns a dict of numpy arrays (a list of dicts) describing the detections
+    in that image's pixel coordinates:
 
     * ``boxes``: float32 ``[N, 4]`` xyxy;
     * ``scores``: float32 ``[N]`` confidences;
@@ -82,12 +83,26 @@ class Predictor:
             image = ResizeTransform(h, w, new_h, new_w).apply_image(image)
         return torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)))
 
-    def __call__(self, image: np.ndarray) -> dict:
-        tensor = self.preprocess(image)
-        height, width = image.shape[:2]
+    def __call__(self, image):
+        """One image → its detections (a dict as described above); a list of images → a list of
+        those dicts, computed in one batch (the same detections as one by one, up to float
+        rounding: a batch pads its images to the largest)."""
+        if isinstance(image, (list, tuple)):
+            return self._predict(list(image))
+        return self._predict([image])[0]
+
+    def _predict(self, images: list) -> list:
+        inputs = []
+        for image in images:
+            tensor = self.preprocess(image)
+            inputs.append({"image": tensor, "height": image.shape[0], "width": image.shape[1]})
+        if not inputs:
+            return []
         with torch.no_grad():
-            instances = self.model([{"image": tensor, "height": height, "width": width}])[0]["instances"]
-        instances = instances.to("cpu")
+            outputs = self.model(inputs)
+        return [self._as_arrays(out["instances"].to("cpu"), x["height"], x["width"]) for out, x in zip(outputs, inputs)]
+
+    def _as_arrays(self, instances, height: int, width: int) -> dict:
         out = {
             "boxes": instances.pred_boxes.tensor.numpy().astype(np.float32, copy=False),
             "scores": instances.scores.numpy().astype(np.float32, copy=False),

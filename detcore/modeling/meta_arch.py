@@ -116,6 +116,30 @@ class GeneralizedRCNN(nn.Module):
 
     @torch.no_grad()
     def inference(self, batched_inputs: List[Dict], do_postprocess: bool = True) -> List:
+        """Detections per input. Images are batched with those of the same padded size only, so
+        each is padded as it would be alone: a batch gives the detections of one-by-one
+        inference (up to float rounding), whatever else is in it."""
+        if len(batched_inputs) <= 1:  # (also keeps a traced image's symbolic size out of a dict)
+            return self._inference_batch(batched_inputs, do_postprocess)
+        groups: Dict[tuple, List[int]] = {}
+        for i, x in enumerate(batched_inputs):
+            groups.setdefault(self._padded_size(x.get("image")), []).append(i)
+        if len(groups) == 1:
+            return self._inference_batch(batched_inputs, do_postprocess)
+        results: List = [None] * len(batched_inputs)
+        for indices in groups.values():
+            for i, result in zip(indices, self._inference_batch([batched_inputs[i] for i in indices], do_postprocess)):
+                results[i] = result
+        return results
+
+    def _padded_size(self, image) -> tuple:
+        if not isinstance(image, torch.Tensor) or image.dim() != 3:
+            return ()  # preprocess_image names the bad input
+        h, w = image.shape[-2:]
+        d = self.size_divisibility
+        return (h + (-h) % d, w + (-w) % d) if d > 1 else (h, w)
+
+    def _inference_batch(self, batched_inputs: List[Dict], do_postprocess: bool) -> List:
         images = self.preprocess_image(batched_inputs)
         features = self.backbone(images.tensor)
         proposals, _ = self.proposal_generator(images, features, None)

@@ -143,6 +143,7 @@ EXPECTED_DEFAULTS = {
     "SOLVER.AMP.DTYPE": "float16",
     "TEST.DETECTIONS_PER_IMAGE": 100,
     "TEST.EVAL_PERIOD": 0,
+    "TEST.IMS_PER_BATCH": 1,
     "OUTPUT_DIR": "./output",
     "SEED": -1,
     "LOG_PERIOD": 20,

@@ -136,6 +136,15 @@ def test_test_loader_yields_every_image_once(tiny_shapes):
     assert [b[0]["image_id"] for b in batches] == [r["image_id"] for r in DatasetCatalog.get(tiny_shapes)]
 
 
+def test_test_loader_batches_test_ims_per_batch_images_in_order(tiny_shapes):
+    cfg = tiny_cfg(tiny_shapes)
+    cfg.TEST.IMS_PER_BATCH = 3
+    batches = list(build_detection_test_loader(cfg, tiny_shapes))
+    assert [len(b) for b in batches] == [3] * 6 + [2]  # 20 images, the last batch partial
+    ids = [d["image_id"] for b in batches for d in b]
+    assert ids == [r["image_id"] for r in DatasetCatalog.get(tiny_shapes)]
+
+
 def test_unknown_sampler_name(tiny_shapes):
     cfg = tiny_cfg(tiny_shapes)
     cfg.DATALOADER.SAMPLER_TRAIN = "RepeatFactorTrainingSampler"

@@ -174,3 +174,24 @@ def test_missing_weights_file_is_a_clear_error(tmp_path):
     missing = tmp_path / "nope.pth"
     with pytest.raises(FileNotFoundError, match="nope.pth"):
         Predictor(_cfg(**{"MODEL.WEIGHTS": str(missing)}))
+
+
+def test_a_list_of_images_is_one_batch_with_the_one_by_one_detections(predictor):
+    # Sizes that resize to different padded sizes (64x85 and 64x64 → 64x96 and 64x64) and two of
+    # the same: the batch must not change what each image gets.
+    images = [_bgr(60, 80, seed=1), _bgr(90, 90, seed=2), _bgr(75, 100, seed=3), _bgr(48, 64, seed=4)]
+    calls = []
+    handle = predictor.model.backbone.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape[0]))
+    try:
+        batched = predictor(images)
+    finally:
+        handle.remove()
+    assert sorted(calls) == [1, 3]  # one backbone call per padded size, not one per image
+    assert len(batched) == len(images)
+    for image, got in zip(images, batched):
+        alone = predictor(image)
+        assert len(alone["boxes"]) > 0 and np.array_equal(got["labels"], alone["labels"])
+        np.testing.assert_allclose(got["boxes"], alone["boxes"], rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(got["scores"], alone["scores"], rtol=1e-4, atol=1e-6)
+        assert (got["masks"] == alone["masks"]).mean() >= 0.999
+    assert predictor([]) == []
