@@ -34,6 +34,10 @@ def parse_args(argv=None):
     parser.add_argument("--sample-image", help="an image to trace with (default: a random one at the test size)")
     parser.add_argument("--input-layout", default="CHW", choices=INPUT_LAYOUTS, help="the exported input's layout")
     parser.add_argument(
+        "--batch-size", type=int, default=None,
+        help="export a graph taking B equally sized images at once (default: one image, no batch axis)",
+    )
+    parser.add_argument(
         "--allow-random-weights", action="store_true",
         help="export an untrained model when MODEL.WEIGHTS is empty (otherwise refused)",
     )
@@ -66,7 +70,9 @@ def main(argv=None):
         if args.input_layout == "CHW":
             sample = sample.permute(2, 0, 1).contiguous()
     class_names = MetadataCatalog.get(cfg.DATASETS.TEST[0]).get("thing_classes") if cfg.DATASETS.TEST else None
-    paths = export_model(cfg, model, args.format, args.output, sample, args.input_layout, class_names)
+    paths = export_model(
+        cfg, model, args.format, args.output, sample, args.input_layout, class_names, args.batch_size
+    )
     print(f"Wrote {paths['model']} and {paths['metadata']}")
     return paths
 

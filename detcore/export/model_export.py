@@ -31,9 +31,16 @@ def _example_image(cfg, input_layout: str) -> torch.Tensor:
     return image.permute(1, 2, 0).contiguous() if input_layout == "HWC" else image
 
 
+def _expected_shape(detector: ExportableDetector) -> str:
+    image = "[H, W, 3]" if detector.input_layout == "HWC" else "[3, H, W]"
+    return image if detector.batch_size is None else f"[{detector.batch_size}, {image[1:]}"
+
+
 def trace_detector(detector: ExportableDetector, image: torch.Tensor) -> torch.export.ExportedProgram:
-    """torch.export of the detector, with the image's height and width left dynamic."""
+    """torch.export of the detector, with the images' height and width left dynamic."""
     spatial = (0, 1) if detector.input_layout == "HWC" else (1, 2)
+    if detector.batch_size is not None:
+        spatial = tuple(axis + 1 for axis in spatial)
     dynamic = {axis: torch.export.Dim.AUTO for axis in spatial}
     with torch.no_grad():
         return torch.export.export(detector, (image,), dynamic_shapes=(dynamic,), strict=False)
@@ -41,7 +48,7 @@ def trace_detector(detector: ExportableDetector, image: torch.Tensor) -> torch.e
 
 def export_model(
     cfg, model, fmt: str, output_dir: str, sample_image: Optional[torch.Tensor] = None,
-    input_layout: str = "CHW", class_names=None,
+    input_layout: str = "CHW", class_names=None, batch_size: Optional[int] = None,
 ) -> Dict[str, str]:
     """Writes ``output_dir/model.pt2`` or ``model.onnx`` and ``output_dir/export.json``.
 
@@ -52,13 +59,15 @@ def export_model(
         sample_image: a uint8 image in ``input_layout`` to trace with (a random one at the
             config's test size otherwise); any size works afterwards.
         class_names: names of the classes, by class id (for the JSON).
+        batch_size: None for a graph taking one image; B for one taking B equally sized images
+            at once (the sample image is repeated to trace it).
 
     Returns:
         ``{"model": path, "metadata": path}``.
     """
     if fmt not in FORMATS:
         raise ValueError(f"export_model: format must be one of {FORMATS}, got {fmt!r}")
-    detector = ExportableDetector(model, input_layout)
+    detector = ExportableDetector(model, input_layout, batch_size)
     image = sample_image if sample_image is not None else _example_image(cfg, input_layout)
     expected_channels_axis = -1 if input_layout == "HWC" else 0
     if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[expected_channels_axis] != 3:
@@ -66,6 +75,8 @@ def export_model(
             f"export_model: sample_image must be a uint8 {input_layout} image with 3 channels, got "
             f"{image.dtype} of shape {tuple(image.shape)}"
         )
+    if batch_size is not None:
+        image = image.unsqueeze(0).repeat(batch_size, *([1] * image.dim()))
     os.makedirs(output_dir, exist_ok=True)
     program = trace_detector(detector, image.to(detector.model.device))
     path = os.path.join(output_dir, _FILE_NAMES[fmt])
@@ -96,6 +107,7 @@ def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class
             "name": "image",
             "dtype": "uint8",
             "layout": detector.input_layout,
+            "shape": _expected_shape(detector),
             "channel_order": cfg.INPUT.FORMAT,
             "size": "any height and width",
             "resize_before": (

@@ -1,7 +1,8 @@
 """The export-facing form of a detector: tensors in, tensors out, one graph.
 
 ``ExportableDetector(model)`` runs a GeneralizedRCNN on one uint8 image in the model's channel
-order (INPUT.FORMAT) and returns plain tensors:
+order (INPUT.FORMAT) and returns plain tensors (with ``batch_size=B``, on a batch of B equally
+sized images, the detections of all of them, with ``image_index`` [N] saying whose each is):
 
 * ``boxes``: float32 ``[N, 4]`` xyxy in the input image's pixels;
 * ``scores``: float32 ``[N]``; ``classes``: int64 ``[N]`` in ``[0, NUM_CLASSES)``;
@@ -16,7 +17,7 @@ Masks come out as the head's M×M probabilities, not pasted full-image masks: a 
 per detection is N×H×W (100 × 800 × 1333 floats is 400 MB) and pasting is a per-box loop that
 exports poorly; ``paste_masks`` (the model's own paste) turns them into image masks on the host.
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -36,18 +37,32 @@ class ExportableDetector(nn.Module):
         input_layout: "CHW" (``[3, H, W]``) or "HWC" (``[H, W, 3]``, as OpenCV reads images).
     """
 
-    def __init__(self, model: nn.Module, input_layout: str = "CHW"):
+    def __init__(self, model: nn.Module, input_layout: str = "CHW", batch_size: Optional[int] = None):
         super().__init__()
         if input_layout not in INPUT_LAYOUTS:
             raise ValueError(f"ExportableDetector: input_layout must be one of {INPUT_LAYOUTS}, got {input_layout!r}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"ExportableDetector: batch_size must be None (one image) or >= 1, got {batch_size}")
         self.model = model.eval()
         self.input_layout = input_layout
+        self.batch_size = batch_size
         self.mask_on = bool(getattr(model.roi_heads, "mask_on", False))
 
     def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
+        images = [image] if self.batch_size is None else [image[i] for i in range(self.batch_size)]
         if self.input_layout == "HWC":
-            image = image.permute(2, 0, 1)
-        result = self.model.inference([{"image": image}], do_postprocess=False)[0]
+            images = [x.permute(2, 0, 1) for x in images]
+        results = self.model.inference([{"image": x} for x in images], do_postprocess=False)
+        per_image = [self._outputs(result) for result in results]
+        if self.batch_size is None:
+            return per_image[0]
+        merged = tuple(torch.cat(parts) for parts in zip(*per_image))
+        index = torch.cat(
+            [torch.full_like(outputs[2], i) for i, outputs in enumerate(per_image)]  # classes: int64 [N_i]
+        )
+        return merged + (index,)
+
+    def _outputs(self, result) -> Tuple[Tensor, ...]:
         boxes = result.pred_boxes.tensor
         # As the eager postprocessing: boxes left empty by clipping are dropped (masked always:
         # one graph for any count).
@@ -59,8 +74,8 @@ class ExportableDetector(nn.Module):
 
     @property
     def output_names(self) -> Tuple[str, ...]:
-        names = ("boxes", "scores", "classes")
-        return names + ("mask_probs",) if self.mask_on else names
+        names = ("boxes", "scores", "classes") + (("mask_probs",) if self.mask_on else ())
+        return names + (("image_index",) if self.batch_size is not None else ())
 
 
 def resize_for_model(image: Tensor, min_size: int, max_size: int) -> Tuple[Tensor, float, float]:

@@ -119,11 +119,13 @@ class GeneralizedRCNN(nn.Module):
         """Detections per input. Images are batched with those of the same padded size only, so
         each is padded as it would be alone: a batch gives the detections of one-by-one
         inference (up to float rounding), whatever else is in it."""
-        if len(batched_inputs) <= 1:  # (also keeps a traced image's symbolic size out of a dict)
+        sizes = [self._padded_size(x.get("image")) for x in batched_inputs]
+        if len(batched_inputs) <= 1 or any(isinstance(v, torch.SymInt) for size in sizes for v in size):
+            # One image; or traced for export, where a batch is one tensor of equal images.
             return self._inference_batch(batched_inputs, do_postprocess)
         groups: Dict[tuple, List[int]] = {}
-        for i, x in enumerate(batched_inputs):
-            groups.setdefault(self._padded_size(x.get("image")), []).append(i)
+        for i, size in enumerate(sizes):
+            groups.setdefault(size, []).append(i)
         if len(groups) == 1:
             return self._inference_batch(batched_inputs, do_postprocess)
         results: List = [None] * len(batched_inputs)

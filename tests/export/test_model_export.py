@@ -160,3 +160,21 @@ def test_export_tool_writes_the_model_and_its_description(tmp_path):
     loaded = torch.export.load(str(out / "model.pt2")).module()
     outputs = loaded(_photo(96))  # HWC uint8, a size it was not traced at
     assert len(outputs) == 4 and outputs[3].shape[1:] == (28, 28)
+
+
+def test_a_batch_graph_gives_each_images_detections(exported):
+    """Exported for a batch of 2 equally sized images: each image's detections (image_index says
+    whose), at a size not seen at export time."""
+    _, detector, _, _ = exported
+    batch_detector = ExportableDetector(detector.model, batch_size=2)
+    first, second = _chw(_photo(160)), _chw(_photo(160)).flip(-1).contiguous()  # mirrored photo
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = trace_detector(batch_detector, torch.stack([first, second]))
+    assert batch_detector.output_names[-1] == "image_index"
+    small = [_chw(_photo(128)), _chw(_photo(128)).flip(-1).contiguous()]
+    with torch.no_grad():
+        outputs = program.module()(torch.stack(small))
+        for i, image in enumerate(small):
+            mine = outputs[-1] == i
+            _assert_same_detections([t[mine].numpy() for t in outputs[:-1]], detector(image), detector.mask_on)
