@@ -21,6 +21,7 @@ from torch import nn
 
 from detcore.layers.shape_spec import ShapeSpec
 from detcore.structures import Boxes
+from detcore.structures.image_list import size_int
 from detcore.utils.registry import Registry
 
 __all__ = ["ANCHOR_GENERATOR_REGISTRY", "DefaultAnchorGenerator", "build_anchor_generator"]
@@ -181,7 +182,7 @@ class DefaultAnchorGenerator(nn.Module):
                     "DefaultAnchorGenerator: strides_from_image_size needs image_size=(H, W) of the padded "
                     f"batch, got {image_size!r}"
                 )
-            strides = [(int(image_size[0]) // h, int(image_size[1]) // w) for h, w in grid_sizes]
+            strides = [(size_int(image_size[0]) // h, size_int(image_size[1]) // w) for h, w in grid_sizes]
         return [Boxes(a) for a in self.grid_anchors(grid_sizes, strides)]
 
     def extra_repr(self) -> str:

@@ -178,3 +178,21 @@ def test_a_batch_graph_gives_each_images_detections(exported):
         for i, image in enumerate(small):
             mine = outputs[-1] == i
             _assert_same_detections([t[mine].numpy() for t in outputs[:-1]], detector(image), detector.mask_on)
+
+
+def test_torchvision_semantics_export_for_every_size():
+    """torchvision's anchor strides (padded image size // feature size), rounded cell anchors, level
+    mapper and minimum box sizes: still one graph, right at a size not seen at export time."""
+    cfg = _cfg()
+    cfg.merge_from_list([
+        "MODEL.ANCHOR_GENERATOR.ROUND_CELL_ANCHORS", True, "MODEL.ANCHOR_GENERATOR.STRIDES_FROM_IMAGE_SIZE", True,
+        "MODEL.ROI_HEADS.LEVEL_MAPPER", "torchvision", "MODEL.ROI_HEADS.MIN_BOX_SIZE_TEST", 0.01,
+        "MODEL.RPN.MIN_SIZE", 0.001,
+    ])
+    detector = ExportableDetector(_model(cfg))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = trace_detector(detector, _chw(_photo(160)))
+    image = _chw(_photo(128))
+    with torch.no_grad():
+        _assert_same_detections([t.numpy() for t in program.module()(image)], detector(image), True)
