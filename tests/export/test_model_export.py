@@ -196,3 +196,34 @@ def test_torchvision_semantics_export_for_every_size():
     image = _chw(_photo(128))
     with torch.no_grad():
         _assert_same_detections([t.numpy() for t in program.module()(image)], detector(image), True)
+
+
+def _model_configs():
+    """Every model config of the zoo (the Base-* files are only included by others)."""
+    found = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "configs")):
+        found += [os.path.join(folder, f) for f in files if f.endswith(".yaml") and not f.startswith("Base-")]
+    return sorted(os.path.relpath(f, ROOT) for f in found)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", _model_configs())
+def test_every_config_of_the_zoo_exports(config):
+    """Each model family and preset the configs define exports as one graph that is right at a
+    size not seen at export time (random weights, small images for speed)."""
+    cfg = get_cfg()
+    cfg.merge_from_file(os.path.join(ROOT, config))
+    # Score threshold 0: random weights still give detections for every output to compare.
+    cfg.merge_from_list(
+        ["MODEL.DEVICE", "cpu", "MODEL.WEIGHTS", "", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0, "TEST.DETECTIONS_PER_IMAGE", 20]
+    )
+    detector = ExportableDetector(_model(cfg))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = trace_detector(detector, _chw(_photo(160)))
+    image = _chw(_photo(128))
+    with torch.no_grad():
+        got, expected = program.module()(image), detector(image)
+    assert len(got) == len(expected) and len(expected[0]) > 0
+    for ours, theirs in zip(got, expected):
+        assert ours.shape == theirs.shape and torch.allclose(ours.float(), theirs.float(), rtol=1e-3, atol=1e-3)
