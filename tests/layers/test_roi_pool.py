@@ -129,8 +129,9 @@ def _equal_to_reference(x, rois, output_size, spatial_scale, seed=0):
     return out
 
 
-# The two CPU forward paths: planar (few channels or rois) and channels-last (many of both, or a
-# channels-last input).
+# The CPU forward paths: planar (a few rois on a large map: each reads only its region) and
+# blocked (rois that cover the map several times: blocks of 16 channels, vectorized, with a
+# scalar rest for other channel counts), each from an NCHW or a channels-last input.
 def _planar(x):
     return x.contiguous()
 
@@ -140,6 +141,13 @@ def _channels_last(x):
 
 
 LAYOUTS = [_planar, _channels_last]
+# (channels, height, width, rois): which path and which part of the block kernel runs.
+PATHS = {
+    "planar": (5, 60, 70, 6),
+    "blocked-scalar": (9, 13, 17, 40),
+    "blocked-vector": (32, 13, 17, 40),
+    "blocked-both": (21, 9, 11, 30),
+}
 
 
 # --- values and gradients --------------------------------------------------------------------------
@@ -154,9 +162,11 @@ def test_import_paths_are_the_same_objects():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("spatial_scale", [1.0, 0.5, 0.3, 1 / 16])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_equals_torchvision(spatial_scale, dtype, layout):
-    x = layout(_features((2, 9, 13, 17), seed=1, dtype=dtype))
-    rois = _rois(40, 2, (13 / spatial_scale, 17 / spatial_scale), seed=2, dtype=dtype)
+@pytest.mark.parametrize("path", list(PATHS))
+def test_equals_torchvision(path, spatial_scale, dtype, layout):
+    channels, height, width, k = PATHS[path]
+    x = layout(_features((2, channels, height, width), seed=1, dtype=dtype))
+    rois = _rois(k, 2, (height / spatial_scale, width / spatial_scale), seed=2, dtype=dtype)
     _equal_to_torchvision(x, rois, (3, 4), spatial_scale)
 
 
@@ -174,12 +184,13 @@ def test_output_sizes_equal_torchvision(output_size):
 @needs_torchvision
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_ties_pick_the_first_pixel_like_torchvision(dtype, layout):
+@pytest.mark.parametrize("path", list(PATHS))
+def test_ties_pick_the_first_pixel_like_torchvision(path, dtype, layout):
     """Few distinct values: most bins hold their maximum several times. The argmax (and so the
     gradient) must be the pixel torchvision picks: the first one, row by row."""
-    g = _gen(5)
-    x = layout(torch.randint(0, 3, (2, 16, 12, 12), generator=g).to(dtype))
-    rois = _rois(60, 2, (12, 12), seed=6, dtype=dtype)
+    channels, height, width, k = PATHS[path]
+    x = layout(torch.randint(0, 3, (2, channels, height, width), generator=_gen(5)).to(dtype))
+    rois = _rois(k, 2, (height, width), seed=6, dtype=dtype)
     _equal_to_torchvision(x, rois, (3, 3), 1.0)
     flat = layout(torch.zeros(1, 8, 6, 6, dtype=dtype))  # all tied: pixel (h0, w0) of each bin
     _equal_to_torchvision(flat, torch.tensor([[0, 0.0, 0.0, 5.0, 5.0]], dtype=dtype), 2, 1.0)
@@ -188,10 +199,11 @@ def test_ties_pick_the_first_pixel_like_torchvision(dtype, layout):
 @needs_torchvision
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_nan_inf_and_huge_negatives_like_torchvision(dtype, layout):
+@pytest.mark.parametrize("channels", [8, 16])
+def test_nan_inf_and_huge_negatives_like_torchvision(channels, dtype, layout):
     """NaN is never picked; a bin of only -inf / values <= -FLT_MAX gives -FLT_MAX and argmax -1
     (torchvision starts its max there, in float64 too)."""
-    x = _features((1, 8, 8, 8), seed=7, dtype=dtype)
+    x = _features((1, channels, 8, 8), seed=7, dtype=dtype)
     x[0, :, 0:2, 0:2] = float("nan")
     x[0, :3, 4:, 4:] = -float("inf")
     x[0, 3:, 4:, 4:] = FLOAT_MIN
@@ -199,16 +211,19 @@ def test_nan_inf_and_huge_negatives_like_torchvision(dtype, layout):
         x[0, 5:, 4:, 4:] = -1e300
     x[0, 1, 0, 1] = 5.0  # one number among NaNs
     rois = torch.tensor([[0, 0.0, 0.0, 3.0, 3.0], [0, 4.0, 4.0, 7.0, 7.0], [0, 0.0, 0.0, 7.0, 7.0]], dtype=dtype)
-    out = _equal_to_torchvision(layout(x), rois, 2, 1.0)
+    out = _equal_to_torchvision(layout(x), rois, 2, 1.0)  # few rois: the planar path
+    _equal_to_torchvision(layout(x), rois.repeat(10, 1), 2, 1.0)  # the blocked path
     assert not out.isnan().any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("spatial_scale", [1.0, 0.5, 0.3])
+@pytest.mark.parametrize("spatial_scale", [1.0, 0.3])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_equals_reference(spatial_scale, dtype, layout):
-    x = layout(_features((2, 8, 11, 14), seed=8, dtype=dtype))
-    rois = _rois(16, 2, (11 / spatial_scale, 14 / spatial_scale), seed=9, dtype=dtype)
+@pytest.mark.parametrize("path", list(PATHS))
+def test_equals_reference(path, spatial_scale, dtype, layout):
+    channels, height, width, k = PATHS[path]
+    x = layout(_features((2, channels, height, width), seed=8, dtype=dtype))
+    rois = _rois(k, 2, (height / spatial_scale, width / spatial_scale), seed=9, dtype=dtype)
     _equal_to_reference(x, rois, (3, 4), spatial_scale)
 
 

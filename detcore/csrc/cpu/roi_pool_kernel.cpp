@@ -1,13 +1,15 @@
 // ROIPool forward and backward on the CPU, multi-threaded.
 //
 // A bin's rows depend only on its row index and its columns only on its column index (see
-// roi_pool_common.h), so each roi's bins are two short tables computed once per roi, for every
-// channel.
-//  - forward: with many channels and enough rois the map is read channels-last, where one pixel
-//    is a contiguous run of channels: the running max and argmax of a bin are updated for all
-//    channels at once in a loop the compiler vectorizes (compare and select), instead of one
-//    scalar compare per pixel and channel. For few channels or few rois the transposition does
-//    not pay and threads split (roi, channel) pairs over the NCHW planes.
+// roi_pool_common.h), so each roi's bins are two short tables, computed once for all channels.
+// The work is bound by memory: rois overlap, and torchvision's roi-major loop reads each roi's
+// region of every channel from memory. Here the loops keep a part of the map in the cache while
+// many rois read it:
+//  - forward, NCHW input: threads take (channel, roi) pairs channel by channel, pooling every
+//    roi from one H * W plane (a few hundred KB) while it is in the cache;
+//  - forward, channels-last input (read in place): blocks of 16 channels, one after another; a
+//    pixel's 16 channels are one or two cache lines, compared with their running max and
+//    argmax in vector registers; threads split the rois;
 //  - backward: each gradient goes to the pixel its forward argmax names, in the same channel,
 //    so threads split the channels and never write the same value: no atomics. Within a
 //    channel the gradients are added roi by roi, bin by bin: torchvision's order, so the sums
@@ -16,6 +18,7 @@
 // of equal maxima wins (and gets the gradient), NaN is never picked.
 // float16 / bfloat16 are computed in float32 (exact for a max) and cast back.
 #include <algorithm>
+#include <cstring>
 #include <tuple>
 #include <vector>
 
@@ -25,7 +28,6 @@
 
 #include "../checks.h"
 #include "../roi_pool_common.h"
-#include "layout.h"
 #include "parallel.h"
 
 namespace detcore {
@@ -37,59 +39,75 @@ struct RoiPoolParams {
   int64_t height, width;
 };
 
-// One roi's image and its bins' pixel ranges along each axis.
-struct RoiBins {
-  int64_t batch = 0;
-  std::vector<PixelRange> rows, cols;  // [pooled_height], [pooled_width]
+// Every roi's image and its bins' pixel ranges along each axis, computed once (in parallel) and
+// shared by all channels.
+struct AllBins {
+  int64_t pooled_height, pooled_width;
+  std::vector<int64_t> batch;     // [K]
+  std::vector<PixelRange> rows;   // [K, pooled_height]
+  std::vector<PixelRange> cols;   // [K, pooled_width]
+
+  const PixelRange* rows_of(int64_t r) const { return rows.data() + r * pooled_height; }
+  const PixelRange* cols_of(int64_t r) const { return cols.data() + r * pooled_width; }
 };
 
 template <typename T>
-void compute_bins(const T* roi, const RoiPoolParams& p, RoiBins& out) {
-  const auto g = roi_pool_geometry<T, T>(
-      roi, static_cast<T>(p.spatial_scale), p.pooled_height, p.pooled_width);
-  out.batch = g.batch;
-  out.rows.resize(p.pooled_height);
-  out.cols.resize(p.pooled_width);
-  for (int64_t ph = 0; ph < p.pooled_height; ++ph) {
-    out.rows[ph] = roi_pool_bin_range(g.start_h, g.bin_h, ph, p.height);
-  }
-  for (int64_t pw = 0; pw < p.pooled_width; ++pw) {
-    out.cols[pw] = roi_pool_bin_range(g.start_w, g.bin_w, pw, p.width);
-  }
+AllBins compute_all_bins(const at::Tensor& rois, const RoiPoolParams& p) {
+  const int64_t num_rois = rois.size(0);
+  AllBins out{p.pooled_height, p.pooled_width, std::vector<int64_t>(num_rois),
+              std::vector<PixelRange>(num_rois * p.pooled_height),
+              std::vector<PixelRange>(num_rois * p.pooled_width)};
+  const T* roi_ptr = rois.data_ptr<T>();
+  const T scale = static_cast<T>(p.spatial_scale);
+  at::parallel_for(0, num_rois, grain_for(64 * (p.pooled_height + p.pooled_width)), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const auto g = roi_pool_geometry<T, T>(roi_ptr + 5 * r, scale, p.pooled_height, p.pooled_width);
+      out.batch[r] = g.batch;
+      for (int64_t ph = 0; ph < p.pooled_height; ++ph) {
+        out.rows[r * p.pooled_height + ph] = roi_pool_bin_range(g.start_h, g.bin_h, ph, p.height);
+      }
+      for (int64_t pw = 0; pw < p.pooled_width; ++pw) {
+        out.cols[r * p.pooled_width + pw] = roi_pool_bin_range(g.start_w, g.bin_w, pw, p.width);
+      }
+    }
+  });
+  return out;
 }
 
+inline bool is_empty(PixelRange rows, PixelRange cols) {
+  return rows.end <= rows.begin || cols.end <= cols.begin;
+}
+
+// NCHW input. Work items are (channel, roi) pairs, channel-major, so that a thread pools many rois
+// from one H * W plane while it sits in its cache: the map is read from memory about once, where
+// torchvision's roi-major order reads every roi's region of every channel from memory.
 template <typename T>
 void roi_pool_forward_planar(
-    const at::Tensor& input, const at::Tensor& rois, const RoiPoolParams& p, at::Tensor& output,
+    const at::Tensor& input, const AllBins& bins_of, const RoiPoolParams& p, at::Tensor& output,
     at::Tensor& argmax) {
+  const int64_t num_rois = output.size(0);
   const int64_t channels = input.size(1);
   const int64_t plane = p.height * p.width;
   const int64_t bins = p.pooled_height * p.pooled_width;
   const T* in = input.data_ptr<T>();
-  const T* roi_ptr = rois.data_ptr<T>();
   T* out = output.data_ptr<T>();
   int32_t* arg = argmax.data_ptr<int32_t>();
-  const int64_t items = rois.size(0) * channels;  // (roi, channel) pairs
-  // Work per pair: about the roi's area; the bins are a fair stand-in.
-  at::parallel_for(0, items, grain_for(4 * bins), [&](int64_t lo, int64_t hi) {
-    RoiBins rb;
-    int64_t current = -1;
+  // Work per pair: about the roi's area; 4 per bin is a fair stand-in for the grain.
+  at::parallel_for(0, channels * num_rois, grain_for(4 * bins), [&](int64_t lo, int64_t hi) {
     for (int64_t item = lo; item < hi; ++item) {
-      const int64_t r = item / channels;
-      const int64_t c = item % channels;
-      if (r != current) {
-        compute_bins(roi_ptr + 5 * r, p, rb);
-        current = r;
-      }
-      const T* src = in + (rb.batch * channels + c) * plane;
-      T* dst = out + item * bins;
-      int32_t* dst_arg = arg + item * bins;
+      const int64_t c = item / num_rois;
+      const int64_t r = item % num_rois;
+      const T* src = in + (bins_of.batch[r] * channels + c) * plane;
+      T* dst = out + (r * channels + c) * bins;
+      int32_t* dst_arg = arg + (r * channels + c) * bins;
+      const PixelRange* rows_of = bins_of.rows_of(r);
+      const PixelRange* cols_of = bins_of.cols_of(r);
       for (int64_t ph = 0; ph < p.pooled_height; ++ph) {
-        const PixelRange rows = rb.rows[ph];
+        const PixelRange rows = rows_of[ph];
         for (int64_t pw = 0; pw < p.pooled_width; ++pw) {
-          const PixelRange cols = rb.cols[pw];
+          const PixelRange cols = cols_of[pw];
           const int64_t b = ph * p.pooled_width + pw;
-          if (rows.end <= rows.begin || cols.end <= cols.begin) {
+          if (is_empty(rows, cols)) {
             dst[b] = T(0);
             dst_arg[b] = -1;
             continue;
@@ -97,10 +115,10 @@ void roi_pool_forward_planar(
           T best = static_cast<T>(kRoiPoolLowest);
           int32_t best_at = -1;
           for (int64_t h = rows.begin; h < rows.end; ++h) {
+            const T* line = src + h * p.width;
             for (int64_t w = cols.begin; w < cols.end; ++w) {
-              const T v = src[h * p.width + w];
-              if (v > best) {
-                best = v;
+              if (line[w] > best) {
+                best = line[w];
                 best_at = static_cast<int32_t>(h * p.width + w);
               }
             }
@@ -113,76 +131,188 @@ void roi_pool_forward_planar(
   });
 }
 
-// The max and argmax of one non-empty bin for every channel, from a channels-last image.
+// The blocked forward pools kBlock channels at a time (see roi_pool_forward_blocked).
+constexpr int64_t kBlock = 16;
+
+// Max and argmax of one non-empty bin over channels [0, n) of a block, scalar.
 template <typename T>
-void pool_bin_channels_last(
-    const T* image, int64_t width, int64_t channels, PixelRange rows, PixelRange cols, T* best,
-    int32_t* best_at) {
-  std::fill(best, best + channels, static_cast<T>(kRoiPoolLowest));
-  std::fill(best_at, best_at + channels, int32_t(-1));
+void pool_bin_block_scalar(
+    const T* image, int64_t width, int64_t channels, int64_t n, PixelRange rows, PixelRange cols,
+    T* best, int32_t* best_at) {
+  for (int64_t k = 0; k < n; ++k) {
+    best[k] = static_cast<T>(kRoiPoolLowest);
+    best_at[k] = -1;
+  }
   for (int64_t h = rows.begin; h < rows.end; ++h) {
     for (int64_t w = cols.begin; w < cols.end; ++w) {
       const int32_t offset = static_cast<int32_t>(h * width + w);
       const T* v = image + (h * width + w) * channels;
-      // Branch-free so that it vectorizes: compare, then select both the value and the index.
-      for (int64_t c = 0; c < channels; ++c) {
-        const bool greater = v[c] > best[c];
-        best[c] = greater ? v[c] : best[c];
-        best_at[c] = greater ? offset : best_at[c];
+      for (int64_t k = 0; k < n; ++k) {
+        if (v[k] > best[k]) {
+          best[k] = v[k];
+          best_at[k] = offset;
+        }
       }
     }
   }
 }
 
+#if defined(__GNUC__)
+// 16-byte vectors of the compiler (GCC and Clang, any target; SSE2 on x86-64): the compiler does
+// not vectorize the compare-and-select of a running max and its argmax by itself. The max is
+// selected bitwise with the comparison's mask (all ones where v > max: false for NaN), and the
+// mask, narrowed to int32 lanes, selects the argmax.
 template <typename T>
-void roi_pool_forward_channels_last(
-    const at::Tensor& input_cl, const at::Tensor& rois, const RoiPoolParams& p,
-    at::Tensor& output, at::Tensor& argmax) {
-  const int64_t channels = output.size(1);
-  const int64_t plane = p.height * p.width;
-  const int64_t bins = p.pooled_height * p.pooled_width;
-  const T* in = input_cl.data_ptr<T>();  // memory order N, H, W, C
-  const T* roi_ptr = rois.data_ptr<T>();
-  T* out = output.data_ptr<T>();
-  int32_t* arg = argmax.data_ptr<int32_t>();
-  at::parallel_for(0, rois.size(0), grain_for(4 * bins * channels), [&](int64_t lo, int64_t hi) {
-    RoiBins rb;
-    std::vector<T> best(bins * channels);  // [bin][channel] for this roi
-    std::vector<int32_t> best_at(bins * channels);
-    for (int64_t r = lo; r < hi; ++r) {
-      compute_bins(roi_ptr + 5 * r, p, rb);
-      const T* image = in + rb.batch * plane * channels;
-      for (int64_t ph = 0; ph < p.pooled_height; ++ph) {
-        for (int64_t pw = 0; pw < p.pooled_width; ++pw) {
-          const int64_t b = ph * p.pooled_width + pw;
-          T* m = best.data() + b * channels;
-          int32_t* a = best_at.data() + b * channels;
-          const PixelRange rows = rb.rows[ph];
-          const PixelRange cols = rb.cols[pw];
-          if (rows.end <= rows.begin || cols.end <= cols.begin) {
-            std::fill(m, m + channels, T(0));
-            std::fill(a, a + channels, int32_t(-1));
-          } else {
-            pool_bin_channels_last(image, p.width, channels, rows, cols, m, a);
-          }
-        }
+struct Lanes;
+template <>
+struct Lanes<float> {
+  static constexpr int kCount = 4;
+  typedef float Value __attribute__((vector_size(16)));
+  typedef int32_t Bits __attribute__((vector_size(16)));
+};
+template <>
+struct Lanes<double> {
+  static constexpr int kCount = 2;
+  typedef double Value __attribute__((vector_size(16)));
+  typedef int64_t Bits __attribute__((vector_size(16)));
+};
+
+// A full block of kBlock channels: kBlock / lanes independent vector chains per pixel.
+template <typename T>
+void pool_bin_block(
+    const T* image, int64_t width, int64_t channels, int64_t n, PixelRange rows, PixelRange cols,
+    T* best, int32_t* best_at) {
+  using L = Lanes<T>;
+  typedef typename L::Value Value;
+  typedef typename L::Bits Bits;
+  typedef int32_t Index __attribute__((vector_size(4 * L::kCount)));
+  constexpr int kVectors = kBlock / L::kCount;
+  if (n < kBlock) {
+    pool_bin_block_scalar(image, width, channels, n, rows, cols, best, best_at);
+    return;
+  }
+  Value m[kVectors];
+  Index a[kVectors];
+  for (int k = 0; k < kVectors; ++k) {
+    m[k] = Value{} + static_cast<T>(kRoiPoolLowest);
+    a[k] = Index{} - 1;
+  }
+  for (int64_t h = rows.begin; h < rows.end; ++h) {
+    for (int64_t w = cols.begin; w < cols.end; ++w) {
+      const T* v = image + (h * width + w) * channels;
+      const Index offset = Index{} + static_cast<int32_t>(h * width + w);
+      for (int k = 0; k < kVectors; ++k) {
+        Value x;
+        std::memcpy(&x, v + k * L::kCount, sizeof(x));
+        const Bits greater = x > m[k];
+        m[k] = reinterpret_cast<Value>((reinterpret_cast<Bits>(x) & greater) |
+                                       (reinterpret_cast<Bits>(m[k]) & ~greater));
+        const Index take = __builtin_convertvector(greater, Index);
+        a[k] = (offset & take) | (a[k] & ~take);
       }
-      T* dst = out + r * channels * bins;  // output and argmax are [K, C, ph, pw]
-      int32_t* dst_arg = arg + r * channels * bins;
-      for (int64_t c = 0; c < channels; ++c) {
-        for (int64_t b = 0; b < bins; ++b) {
-          dst[c * bins + b] = best[b * channels + c];
-          dst_arg[c * bins + b] = best_at[b * channels + c];
+    }
+  }
+  std::memcpy(best, m, sizeof(m));
+  std::memcpy(best_at, a, sizeof(a));
+}
+#else
+template <typename T>
+void pool_bin_block(
+    const T* image, int64_t width, int64_t channels, int64_t n, PixelRange rows, PixelRange cols,
+    T* best, int32_t* best_at) {
+  pool_bin_block_scalar(image, width, channels, n, rows, cols, best, best_at);
+}
+#endif
+
+// Copies channels [c0, c0 + n) of the input into `block`, an [N, H * W, kBlock] buffer: a
+// transposition of n planes for an NCHW input, a 16-channel slice of each pixel for a
+// channels-last one. All threads, in tiles of pixels small enough to stay in the L1 cache.
+template <typename T>
+void gather_block(const at::Tensor& input, bool channels_last, int64_t c0, int64_t n, T* block) {
+  constexpr int64_t kTile = 256;
+  const int64_t channels = input.size(1);
+  const int64_t plane = input.size(2) * input.size(3);
+  const int64_t tiles = (plane + kTile - 1) / kTile;
+  const T* in = input.data_ptr<T>();
+  at::parallel_for(0, input.size(0) * tiles, grain_for(kTile * n), [&](int64_t lo, int64_t hi) {
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t image = task / tiles;
+      const int64_t p0 = (task % tiles) * kTile;
+      const int64_t p1 = std::min(plane, p0 + kTile);
+      T* dst = block + (image * plane + p0) * kBlock;
+      if (channels_last) {
+        const T* src = in + (image * plane + p0) * channels + c0;
+        for (int64_t px = 0; px < p1 - p0; ++px) {
+          std::memcpy(dst + px * kBlock, src + px * channels, n * sizeof(T));
+        }
+      } else {
+        for (int64_t k = 0; k < n; ++k) {
+          const T* src = in + (image * channels + c0 + k) * plane + p0;
+          for (int64_t px = 0; px < p1 - p0; ++px) dst[px * kBlock + k] = src[px];
         }
       }
     }
   });
 }
 
-// Whether to pool from a channels-last copy: pays when the bins read the map's values several
-// times over (overlapping rois), and when there are enough channels to vectorize over.
-bool use_channels_last(int64_t num_rois, int64_t channels, int64_t bins, int64_t input_numel) {
-  return channels >= 8 && num_rois * bins * channels * 4 >= input_numel;
+// Channel blocks one after another: the block's copy of the map (H * W * kBlock values per
+// image) stays in the cache while every roi reads it, and a pixel's channels are compared with
+// their running max and argmax in vector registers. Threads split the rois.
+template <typename T>
+void roi_pool_forward_blocked(
+    const at::Tensor& input, const AllBins& bins_of, const RoiPoolParams& p, at::Tensor& output,
+    at::Tensor& argmax) {
+  const int64_t num_rois = output.size(0);
+  const int64_t channels = output.size(1);
+  const int64_t plane = p.height * p.width;
+  const int64_t bins = p.pooled_height * p.pooled_width;
+  const bool channels_last = input.is_contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor source = channels_last ? input : input.contiguous();
+  at::Tensor buffer = at::empty({input.size(0) * plane * kBlock}, input.options());
+  T* block = buffer.data_ptr<T>();
+  T* out = output.data_ptr<T>();
+  int32_t* arg = argmax.data_ptr<int32_t>();
+  for (int64_t c0 = 0; c0 < channels; c0 += kBlock) {
+    const int64_t n = std::min(kBlock, channels - c0);
+    gather_block(source, channels_last, c0, n, block);
+    at::parallel_for(0, num_rois, grain_for(4 * bins * n), [&](int64_t lo, int64_t hi) {
+      std::vector<T> best(bins * kBlock);  // [bin][channel of the block] for one roi
+      std::vector<int32_t> best_at(bins * kBlock);
+      for (int64_t r = lo; r < hi; ++r) {
+        const T* image = block + bins_of.batch[r] * plane * kBlock;
+        const PixelRange* rows_of = bins_of.rows_of(r);
+        const PixelRange* cols_of = bins_of.cols_of(r);
+        for (int64_t ph = 0; ph < p.pooled_height; ++ph) {
+          for (int64_t pw = 0; pw < p.pooled_width; ++pw) {
+            const int64_t b = ph * p.pooled_width + pw;
+            T* m = best.data() + b * kBlock;
+            int32_t* a = best_at.data() + b * kBlock;
+            if (is_empty(rows_of[ph], cols_of[pw])) {
+              std::fill(m, m + n, T(0));
+              std::fill(a, a + n, int32_t(-1));
+            } else {
+              pool_bin_block(image, p.width, kBlock, n, rows_of[ph], cols_of[pw], m, a);
+            }
+          }
+        }
+        // output and argmax are [K, C, ph, pw]
+        for (int64_t k = 0; k < n; ++k) {
+          T* dst = out + (r * channels + c0 + k) * bins;
+          int32_t* dst_arg = arg + (r * channels + c0 + k) * bins;
+          for (int64_t b = 0; b < bins; ++b) {
+            dst[b] = best[b * kBlock + k];
+            dst_arg[b] = best_at[b * kBlock + k];
+          }
+        }
+      }
+    });
+  }
+}
+
+// Whether the rois read the map enough times over to pay for copying it block by block (the
+// planar path reads only the rois' regions, with no copy: better for a few rois).
+bool use_blocks(int64_t num_rois, int64_t channels, int64_t bins, int64_t images, int64_t plane) {
+  return channels >= kBlock / 2 && num_rois * bins * 4 >= images * plane;
 }
 
 std::tuple<at::Tensor, at::Tensor> roi_pool_forward_float(
@@ -199,15 +329,13 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_float(
   }
   auto rois_c = rois.contiguous();
   const int64_t bins = p.pooled_height * p.pooled_width;
-  // An input that already is channels-last is read in place: the planar path would copy it all.
-  const bool channels_last = input.is_contiguous(at::MemoryFormat::ChannelsLast) ||
-                             use_channels_last(num_rois, channels, bins, input.numel());
+  const bool blocks = use_blocks(num_rois, channels, bins, input.size(0), p.height * p.width);
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "roi_pool_forward_cpu", [&] {
-    if (channels_last) {
-      roi_pool_forward_channels_last<scalar_t>(
-          nhwc_buffer<scalar_t>(input), rois_c, p, output, argmax);
+    const AllBins bins_of = compute_all_bins<scalar_t>(rois_c, p);
+    if (blocks) {
+      roi_pool_forward_blocked<scalar_t>(input, bins_of, p, output, argmax);
     } else {
-      roi_pool_forward_planar<scalar_t>(input.contiguous(), rois_c, p, output, argmax);
+      roi_pool_forward_planar<scalar_t>(input.contiguous(), bins_of, p, output, argmax);
     }
   });
   return {output, argmax};
