@@ -5,11 +5,11 @@
 // The work is bound by memory: rois overlap, and torchvision's roi-major loop reads each roi's
 // region of every channel from memory. Here the loops keep a part of the map in the cache while
 // many rois read it:
-//  - forward, NCHW input: threads take (channel, roi) pairs channel by channel, pooling every
-//    roi from one H * W plane (a few hundred KB) while it is in the cache;
-//  - forward, channels-last input (read in place): blocks of 16 channels, one after another; a
-//    pixel's 16 channels are one or two cache lines, compared with their running max and
-//    argmax in vector registers; threads split the rois;
+//  - forward, a few rois: threads take (channel, roi) pairs channel by channel, pooling every
+//    roi from one NCHW plane while it is in the cache;
+//  - forward, rois that cover the map several times (any layout): threads take blocks of 16
+//    channels, copy the block's slice of the map into a buffer that stays in the cache, and pool
+//    every roi from it, 16 channels at a time in vector registers;
 //  - backward: each gradient goes to the pixel its forward argmax names, in the same channel,
 //    so threads split the channels and never write the same value: no atomics. Within a
 //    channel the gradients are added roi by roi, bin by bin: torchvision's order, so the sums
@@ -18,6 +18,7 @@
 // of equal maxima wins (and gets the gradient), NaN is never picked.
 // float16 / bfloat16 are computed in float32 (exact for a max) and cast back.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <tuple>
 #include <vector>
@@ -32,6 +33,27 @@
 
 namespace detcore {
 namespace {
+
+// at::parallel_for splits a range into one fixed share per thread, so on a busy machine the
+// region lasts as long as its most delayed thread. Here threads take chunks of `chunk` items
+// as they come free instead. Small work (under grain_for's threshold) runs on this thread.
+template <typename Body>
+void parallel_chunks(int64_t n, int64_t chunk, int64_t work_per_item, const Body& body) {
+  if (n <= 0) {
+    return;
+  }
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (n + chunk - 1) / chunk);
+  if (threads <= 1 || n <= grain_for(work_per_item)) {
+    body(0, n);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t lo = next.fetch_add(chunk); lo < n; lo = next.fetch_add(chunk)) {
+      body(lo, std::min(n, lo + chunk));
+    }
+  });
+}
 
 struct RoiPoolParams {
   double spatial_scale;
@@ -93,7 +115,7 @@ void roi_pool_forward_planar(
   T* out = output.data_ptr<T>();
   int32_t* arg = argmax.data_ptr<int32_t>();
   // Work per pair: about the roi's area; 4 per bin is a fair stand-in for the grain.
-  at::parallel_for(0, channels * num_rois, grain_for(4 * bins), [&](int64_t lo, int64_t hi) {
+  parallel_chunks(channels * num_rois, 64, 4 * bins, [&](int64_t lo, int64_t hi) {
     for (int64_t item = lo; item < hi; ++item) {
       const int64_t c = item / num_rois;
       const int64_t r = item % num_rois;
@@ -226,18 +248,15 @@ void pool_bin_block(
 
 // Copies channels [c0, c0 + n) of the input into `block`, an [N, H * W, kBlock] buffer: a
 // transposition of n planes for an NCHW input, a 16-channel slice of each pixel for a
-// channels-last one. All threads, in tiles of pixels small enough to stay in the L1 cache.
+// channels-last one; in tiles of pixels small enough to stay in the L1 cache.
 template <typename T>
 void gather_block(const at::Tensor& input, bool channels_last, int64_t c0, int64_t n, T* block) {
   constexpr int64_t kTile = 256;
   const int64_t channels = input.size(1);
   const int64_t plane = input.size(2) * input.size(3);
-  const int64_t tiles = (plane + kTile - 1) / kTile;
   const T* in = input.data_ptr<T>();
-  at::parallel_for(0, input.size(0) * tiles, grain_for(kTile * n), [&](int64_t lo, int64_t hi) {
-    for (int64_t task = lo; task < hi; ++task) {
-      const int64_t image = task / tiles;
-      const int64_t p0 = (task % tiles) * kTile;
+  for (int64_t image = 0; image < input.size(0); ++image) {
+    for (int64_t p0 = 0; p0 < plane; p0 += kTile) {
       const int64_t p1 = std::min(plane, p0 + kTile);
       T* dst = block + (image * plane + p0) * kBlock;
       if (channels_last) {
@@ -252,12 +271,14 @@ void gather_block(const at::Tensor& input, bool channels_last, int64_t c0, int64
         }
       }
     }
-  });
+  }
 }
 
-// Channel blocks one after another: the block's copy of the map (H * W * kBlock values per
-// image) stays in the cache while every roi reads it, and a pixel's channels are compared with
-// their running max and argmax in vector registers. Threads split the rois.
+// Threads take blocks of kBlock channels; each copies its block of the map into its own
+// [N, H * W, kBlock] buffer (a few MB: it stays in the cache while every roi reads it) and pools
+// every roi from it, a pixel's channels compared with their running max and argmax in vector
+// registers. One parallel region with no barrier inside: on a busy machine every barrier waits
+// for the thread the OS delayed most.
 template <typename T>
 void roi_pool_forward_blocked(
     const at::Tensor& input, const AllBins& bins_of, const RoiPoolParams& p, at::Tensor& output,
@@ -268,17 +289,21 @@ void roi_pool_forward_blocked(
   const int64_t bins = p.pooled_height * p.pooled_width;
   const bool channels_last = input.is_contiguous(at::MemoryFormat::ChannelsLast);
   const at::Tensor source = channels_last ? input : input.contiguous();
-  at::Tensor buffer = at::empty({input.size(0) * plane * kBlock}, input.options());
-  T* block = buffer.data_ptr<T>();
+  const int64_t block_size = input.size(0) * plane * kBlock;
+  std::vector<std::vector<T>> buffers(at::get_num_threads());  // one per thread, made on first use
   T* out = output.data_ptr<T>();
   int32_t* arg = argmax.data_ptr<int32_t>();
-  for (int64_t c0 = 0; c0 < channels; c0 += kBlock) {
-    const int64_t n = std::min(kBlock, channels - c0);
-    gather_block(source, channels_last, c0, n, block);
-    at::parallel_for(0, num_rois, grain_for(4 * bins * n), [&](int64_t lo, int64_t hi) {
-      std::vector<T> best(bins * kBlock);  // [bin][channel of the block] for one roi
-      std::vector<int32_t> best_at(bins * kBlock);
-      for (int64_t r = lo; r < hi; ++r) {
+  const int64_t blocks = (channels + kBlock - 1) / kBlock;
+  parallel_chunks(blocks, 1, 4 * bins * kBlock * num_rois, [&](int64_t lo, int64_t hi) {
+    std::vector<T>& buffer = buffers[at::get_thread_num()];
+    buffer.resize(block_size);
+    T* block = buffer.data();
+    std::vector<T> best(bins * kBlock);  // [bin][channel of the block] for one roi
+    std::vector<int32_t> best_at(bins * kBlock);
+    for (int64_t c0 = lo * kBlock; c0 < std::min(channels, hi * kBlock); c0 += kBlock) {
+      const int64_t n = std::min(kBlock, channels - c0);
+      gather_block(source, channels_last, c0, n, block);
+      for (int64_t r = 0; r < num_rois; ++r) {
         const T* image = block + bins_of.batch[r] * plane * kBlock;
         const PixelRange* rows_of = bins_of.rows_of(r);
         const PixelRange* cols_of = bins_of.cols_of(r);
@@ -305,8 +330,8 @@ void roi_pool_forward_blocked(
           }
         }
       }
-    });
-  }
+    }
+  });
 }
 
 // Whether the rois read the map enough times over to pay for copying it block by block (the
@@ -369,9 +394,15 @@ void roi_pool_backward_impl(
   const T* g = grad.data_ptr<T>();
   const int64_t s0 = grad.stride(0), s1 = grad.stride(1), s2 = grad.stride(2), s3 = grad.stride(3);
   const int32_t* arg = argmax.data_ptr<int32_t>();
-  T* gin = grad_input.data_ptr<T>();
-  at::parallel_for(0, channels, grain_for(num_rois * bins), [&](int64_t c_lo, int64_t c_hi) {
+  T* gin = grad_input.data_ptr<T>();  // uninitialized: each channel's planes are zeroed here
+  const int64_t images = grad_input.size(0);
+  parallel_chunks(channels, 4, num_rois * bins + images * plane, [&](int64_t c_lo, int64_t c_hi) {
     for (int64_t c = c_lo; c < c_hi; ++c) {
+      // Zeroed just before the adds, so they find the planes in the cache (a separate zero fill
+      // of the whole gradient would write it to memory and read it back).
+      for (int64_t n = 0; n < images; ++n) {
+        std::fill(gin + (n * channels + c) * plane, gin + (n * channels + c + 1) * plane, T(0));
+      }
       for (int64_t r = 0; r < num_rois; ++r) {
         const int32_t* a = arg + (r * channels + c) * bins;
         const T* src = g + r * s0 + c * s1;
@@ -398,8 +429,10 @@ at::Tensor roi_pool_backward_cpu(
   const bool low_precision = grad.scalar_type() == at::kHalf || grad.scalar_type() == at::kBFloat16;
   const at::Tensor g = low_precision ? grad.to(at::kFloat) : grad;
   const at::Tensor r = low_precision ? rois.to(at::kFloat).contiguous() : rois.contiguous();
-  auto grad_input = at::zeros({batch_size, channels, height, width}, g.options());
-  if (g.numel() > 0 && height > 0 && width > 0) {
+  auto grad_input = at::empty({batch_size, channels, height, width}, g.options());
+  if (g.numel() == 0 || height == 0 || width == 0) {
+    grad_input.zero_();
+  } else {
     const at::Tensor argmax_c = argmax.contiguous();
     AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "roi_pool_backward_cpu", [&] {
       roi_pool_backward_impl<scalar_t>(g, r, argmax_c, p, grad_input);
