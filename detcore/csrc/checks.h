@@ -237,7 +237,19 @@ inline void check_roi_pool_backward_inputs(
   auto bounds = at::aminmax(r.select(1, 0));
   auto non_finite = (~at::isfinite(r)).sum().to(at::kDouble);
   at::Tensor lowest, highest;
-  if (argmax.numel() > 0) {
+  if (argmax.numel() > 0 && argmax.is_cpu()) {
+    // A plain loop: ATen's parallel reduction wakes every thread for a small tensor, which on a
+    // busy machine costs more than the whole backward.
+    const at::Tensor a = argmax.contiguous();
+    const int32_t* v = a.data_ptr<int32_t>();
+    int32_t lo = v[0], hi = v[0];
+    for (int64_t i = 1; i < a.numel(); ++i) {
+      lo = v[i] < lo ? v[i] : lo;
+      hi = v[i] > hi ? v[i] : hi;
+    }
+    lowest = at::full({}, static_cast<double>(lo), r.options());
+    highest = at::full({}, static_cast<double>(hi), r.options());
+  } else if (argmax.numel() > 0) {
     auto a = at::aminmax(argmax);
     lowest = std::get<0>(a).to(at::kDouble);
     highest = std::get<1>(a).to(at::kDouble);

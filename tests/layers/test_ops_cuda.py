@@ -222,7 +222,7 @@ def test_roi_pool_cuda_equals_cpu(dtype, spatial_scale, ties):
 
 
 def test_roi_pool_cuda_equals_torchvision():
-    torchvision = pytest.importorskip("torchvision")
+    pytest.importorskip("torchvision")  # registers torch.ops.torchvision
     features, rois = _roi_inputs(16, torch.float32)
     x = features.cuda()
     ours, our_argmax = torch.ops.detcore.roi_pool(x, rois.cuda(), 1 / 16, 7, 7)
