@@ -293,6 +293,16 @@ void roi_pool_forward_blocked(
   std::vector<std::vector<T>> buffers(at::get_num_threads());  // one per thread, made on first use
   T* out = output.data_ptr<T>();
   int32_t* arg = argmax.data_ptr<int32_t>();
+  // Rois in the order of their place on the map (image, then top row, then left column): a roi
+  // then mostly reads rows of the buffer that its predecessor just brought into the cache.
+  std::vector<int64_t> order(num_rois);
+  for (int64_t r = 0; r < num_rois; ++r) order[r] = r;
+  std::sort(order.begin(), order.end(), [&](int64_t i, int64_t j) {
+    const PixelRange ri = bins_of.rows_of(i)[0], rj = bins_of.rows_of(j)[0];
+    const PixelRange ci = bins_of.cols_of(i)[0], cj = bins_of.cols_of(j)[0];
+    return std::tie(bins_of.batch[i], ri.begin, ci.begin) <
+           std::tie(bins_of.batch[j], rj.begin, cj.begin);
+  });
   const int64_t blocks = (channels + kBlock - 1) / kBlock;
   parallel_chunks(blocks, 1, 4 * bins * kBlock * num_rois, [&](int64_t lo, int64_t hi) {
     std::vector<T>& buffer = buffers[at::get_thread_num()];
@@ -303,7 +313,7 @@ void roi_pool_forward_blocked(
     for (int64_t c0 = lo * kBlock; c0 < std::min(channels, hi * kBlock); c0 += kBlock) {
       const int64_t n = std::min(kBlock, channels - c0);
       gather_block(source, channels_last, c0, n, block);
-      for (int64_t r = 0; r < num_rois; ++r) {
+      for (const int64_t r : order) {
         const T* image = block + bins_of.batch[r] * plane * kBlock;
         const PixelRange* rows_of = bins_of.rows_of(r);
         const PixelRange* cols_of = bins_of.cols_of(r);
