@@ -121,12 +121,17 @@ def test_roi_pool_edge_cases(emu):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_roi_pool_backward_atomics(emu, dtype):
-    """300 rois x 16 channels x 4 bins, every bin's maximum at the same pixel of its channel: 1200
-    atomic adds of 1 into each of 16 values (exact in any order). A plain += would lose some."""
-    x = torch.zeros(1, 16, 4, 4, dtype=dtype)
-    x[0, :, 1, 1] = 1.0
-    rois = torch.tensor([[0, 0.0, 0.0, 2.0, 2.0]], dtype=dtype).repeat(300, 1)  # 2 x 2 bins share (1, 1)
+    """One block of 256 threads, 64 adds each, all into one pixel: 4096 rois of 2 x 2 bins that
+    share pixel (1, 1), the maximum of the map. The sum is exact in any order; a plain += would
+    lose some of the 16384 adds. Then 16 channels over the default grid."""
+    x = torch.zeros(1, 1, 4, 4, dtype=dtype)
+    x[0, 0, 1, 1] = 1.0
+    rois = torch.tensor([[0, 0.0, 0.0, 2.0, 2.0]], dtype=dtype).repeat(4096, 1)  # bins rows 0-1, 1-2
     out, argmax = emu.roi_pool(x, rois, 1.0, 2, 2)
     assert bool((argmax == 5).all())
-    got = emu.roi_pool_backward(torch.ones_like(out), rois, argmax, *x.shape)
+    got = emu.roi_pool_backward(torch.ones_like(out), rois, argmax, *x.shape, 1)
+    assert got[0, 0, 1, 1] == 16384 and got.sum() == 16384
+    x = x.repeat(1, 16, 1, 1)
+    out, argmax = emu.roi_pool(x, rois[:300], 1.0, 2, 2)
+    got = emu.roi_pool_backward(torch.ones_like(out), rois[:300], argmax, *x.shape)
     assert bool((got[0, :, 1, 1] == 1200).all()) and got.sum() == 16 * 1200
