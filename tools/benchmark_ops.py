@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Benchmark detcore's NMS and ROIAlign side by side with torchvision's, in the same process.
+"""Benchmark detcore's NMS, ROIAlign and ROIPool side by side with torchvision's, in the same process.
 
 Every case runs both libraries on the same seeded inputs, checks once that they agree (same NMS
-indices; ROIAlign outputs and gradients allclose) and reports median times. A speedup above 1
+indices; ROIAlign outputs and gradients allclose; ROIPool outputs and gradients equal) and reports median times. A speedup above 1
 means detcore is faster. Without torchvision only detcore's times are printed.
 
     python tools/benchmark_ops.py                      # CPU, full cases
@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import detcore  # noqa: E402
-from detcore.layers import batched_nms, nms, roi_align  # noqa: E402
+from detcore.layers import batched_nms, nms, roi_align, roi_pool  # noqa: E402
 from detcore.utils.collect_env import cpu_name  # noqa: E402
 from detcore.utils import strict_json  # noqa: E402
 
@@ -101,6 +101,10 @@ def _tensors_agree(a, b, atol, rtol):
     )
     ok = all(torch.allclose(x, y, atol=atol, rtol=rtol) for x, y in zip(a, b))
     return "yes" if ok else f"NO (max diff {worst:.2e})"
+
+
+def _tensors_equal(a, b):
+    return _tensors_agree(a, b, atol=0, rtol=0)
 
 
 def nms_cases(sizes, thresholds, device, repeats, gen):
@@ -191,6 +195,43 @@ def roi_align_cases(feature_shape, specs, device, repeats, gen, spatial_scale=0.
     return cases
 
 
+def roi_pool_cases(feature_shape, specs, device, repeats, gen, spatial_scale=0.25):
+    """specs: (num_rois, output_size); each gives a forward and a fwd+bwd case. ROIPool is a max:
+    both libraries pick the same pixels, so outputs and gradients must be equal, not close."""
+    features = torch.randn(feature_shape, generator=gen).to(device)
+    n = feature_shape[0]
+    cases = []
+    for k, size in specs:
+        boxes = random_boxes(k, gen, x_max=IMAGE_W, y_max=IMAGE_H)
+        index = (torch.arange(k) % n).float()[:, None]
+        rois = torch.cat([index, boxes], dim=1).to(device)
+        grad_out = torch.randn(k, feature_shape[1], size, size, generator=gen).to(device)
+        x = features.detach().clone().requires_grad_(True)
+
+        def forward(fn, rois=rois, size=size):
+            with torch.no_grad():
+                return fn(features, rois, (size, size), spatial_scale)
+
+        def forward_backward(fn, rois=rois, size=size, grad_out=grad_out):
+            out = fn(x, rois, (size, size), spatial_scale)
+            (grad,) = torch.autograd.grad(out, x, grad_out)
+            return out.detach(), grad
+
+        label = f"roi_pool {k} rois {size}x{size}"
+        tv = tv_ops.roi_pool if tv_ops else None
+        for suffix, run in ((" fwd", forward), (" fwd+bwd", forward_backward)):
+            cases.append(
+                Case(
+                    label + suffix,
+                    lambda f=run: f(roi_pool),
+                    tv and (lambda f=run: f(tv)),
+                    _tensors_equal,
+                    repeats,
+                )
+            )
+    return cases
+
+
 def build_cases(device, repeats, quick, seed=0):
     gen = torch.Generator().manual_seed(seed)
     if quick:
@@ -198,6 +239,7 @@ def build_cases(device, repeats, quick, seed=0):
             nms_cases([1000, 5000], [0.5], device, repeats, gen)
             + [batched_nms_case(6000, 80, device, repeats, gen)]
             + roi_align_cases((2, 16, 50, 84), [(200, 7, 2), (200, 7, 0)], device, repeats, gen)
+            + roi_pool_cases((2, 16, 50, 84), [(200, 7)], device, repeats, gen)
         )
     return (
         nms_cases([1000, 5000, 20000, 100000], [0.5, 0.7], device, repeats, gen)
@@ -205,6 +247,7 @@ def build_cases(device, repeats, quick, seed=0):
         + roi_align_cases(
             (2, 256, 200, 336), [(1000, 7, 2), (1000, 7, 0), (100, 14, 2)], device, repeats, gen
         )
+        + roi_pool_cases((2, 256, 200, 336), [(1000, 7)], device, repeats, gen)
     )
 
 
@@ -276,6 +319,9 @@ def parse_args(argv=None):
         "--json", default=None, help="output file (default benchmark_results/ops_<device>.json)"
     )
     parser.add_argument("--quick", action="store_true", help="a few small cases, for a smoke test")
+    parser.add_argument(
+        "--only", default=None, help="run only the cases whose name contains this text (e.g. roi_pool)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument(
         "--tv-budget-s",
@@ -312,7 +358,10 @@ def main(argv=None):
         print("torchvision is not importable: printing detcore times only")
 
     rows = []
-    for case in build_cases(device, repeats, args.quick):
+    cases = build_cases(device, repeats, args.quick)
+    if args.only:
+        cases = [c for c in cases if args.only in c.name]
+    for case in cases:
         rows.append(run_case(case, device, args.tv_budget_s))
         print(f"  done: {case.name}", file=sys.stderr)
     print()

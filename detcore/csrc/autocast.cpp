@@ -1,5 +1,7 @@
 // Autocast kernels: under torch.autocast the ops run in float32 (ROIAlign in half precision
 // loses too much, and the CPU kernels take float32/float64 only), and return the input's dtype.
+#include <tuple>
+
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
@@ -18,6 +20,20 @@ at::Tensor roi_align_autocast(
              at::autocast::cached_cast(at::kFloat, rois, device), spatial_scale, pooled_height,
              pooled_width, sampling_ratio, aligned)
       .to(input.scalar_type());
+}
+
+// ROIPool's max is exact in any precision, but its rois are not: float32 rounds the scaled
+// corners as the float32 op does. The pooled values come back in the input's dtype.
+template <c10::DispatchKey key, c10::DeviceType device>
+std::tuple<at::Tensor, at::Tensor> roi_pool_autocast(
+    const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
+    int64_t pooled_width) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
+  auto [output, argmax] = call_roi_pool(
+      at::autocast::cached_cast(at::kFloat, input, device),
+      at::autocast::cached_cast(at::kFloat, rois, device), spatial_scale, pooled_height,
+      pooled_width);
+  return {output.to(input.scalar_type()), argmax};
 }
 
 template <c10::DispatchKey key, c10::DeviceType device>
@@ -44,6 +60,7 @@ TORCH_LIBRARY_IMPL(detcore, Autocast, m) {
   constexpr auto key = c10::DispatchKey::Autocast;
   constexpr auto dev = c10::DeviceType::CUDA;
   m.impl("roi_align", TORCH_FN((roi_align_autocast<key, dev>)));
+  m.impl("roi_pool", TORCH_FN((roi_pool_autocast<key, dev>)));
   m.impl("nms", TORCH_FN((nms_autocast<key, dev>)));
   m.impl("batched_nms", TORCH_FN((batched_nms_autocast<key, dev>)));
 }
@@ -52,6 +69,7 @@ TORCH_LIBRARY_IMPL(detcore, AutocastCPU, m) {
   constexpr auto key = c10::DispatchKey::AutocastCPU;
   constexpr auto dev = c10::DeviceType::CPU;
   m.impl("roi_align", TORCH_FN((roi_align_autocast<key, dev>)));
+  m.impl("roi_pool", TORCH_FN((roi_pool_autocast<key, dev>)));
   m.impl("nms", TORCH_FN((nms_autocast<key, dev>)));
   m.impl("batched_nms", TORCH_FN((batched_nms_autocast<key, dev>)));
 }

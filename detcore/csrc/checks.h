@@ -188,4 +188,97 @@ inline int64_t check_roi_align_backward_inputs(
       sampling_ratio, aligned);
 }
 
+// ROIPool's argmax holds offsets into one H * W plane as int32 (as torchvision's), so a plane
+// may have at most this many pixels.
+constexpr int64_t kMaxRoiPoolPlane = 2147483647;
+
+inline void check_roi_pool_plane(const char* op, int64_t height, int64_t width) {
+  DETCORE_CHECK_ARG(
+      height * width <= kMaxRoiPoolPlane, op, ": the input's H * W must be at most ",
+      kMaxRoiPoolPlane, " (argmax holds int32 offsets), got ", height, " * ", width);
+}
+
+inline void check_roi_pool_inputs(
+    const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
+    int64_t pooled_width) {
+  DETCORE_CHECK_ARG(
+      input.dim() == 4, "roi_pool: input must have shape [N, C, H, W], got ", input.sizes());
+  // roi_align's checks of rois, dtypes, devices, output_size and spatial_scale (no sampling).
+  check_roi_align_common("roi_pool", input, rois, spatial_scale, pooled_height, pooled_width, 0);
+  check_roi_pool_plane("roi_pool", input.size(2), input.size(3));
+  check_rois("roi_pool", rois, input.size(0), spatial_scale, pooled_height, pooled_width, 1, false);
+}
+
+// The backward also reads argmax, whose offsets say where each gradient lands: each must be -1
+// (nothing pooled) or a pixel of the plane. Checked with the rois in one transfer to the host.
+inline void check_roi_pool_backward_inputs(
+    const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
+    double spatial_scale, int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
+    int64_t channels, int64_t height, int64_t width) {
+  const char* op = "roi_pool backward";
+  DETCORE_CHECK_ARG(
+      batch_size >= 0 && channels >= 0 && height >= 0 && width >= 0, op,
+      ": the input shape must be non-negative, got [", batch_size, ", ", channels, ", ", height,
+      ", ", width, "]");
+  DETCORE_CHECK_ARG(
+      grad.dim() == 4 && grad.size(0) == rois.size(0) && grad.size(2) == pooled_height &&
+          grad.size(3) == pooled_width,
+      op, ": grad must have shape [K, C, ", pooled_height, ", ", pooled_width,
+      "] with K = number of rois (", rois.size(0), "), got ", grad.sizes());
+  DETCORE_CHECK_ARG(
+      grad.size(1) == channels, op, ": grad has ", grad.size(1), " channels but the input had ",
+      channels);
+  check_roi_align_common(op, grad, rois, spatial_scale, pooled_height, pooled_width, 0);
+  DETCORE_CHECK_ARG(
+      argmax.scalar_type() == at::kInt, op, ": argmax must be int32 (roi_pool's second output), got ",
+      argmax.scalar_type());
+  DETCORE_CHECK_ARG(
+      argmax.sizes() == grad.sizes(), op, ": argmax must have the shape of grad ", grad.sizes(),
+      ", got ", argmax.sizes());
+  DETCORE_CHECK_ARG(
+      argmax.device() == grad.device(), op, ": argmax must be on the device of grad, got ",
+      argmax.device(), " and ", grad.device());
+  check_roi_pool_plane(op, height, width);
+  if (rois.size(0) == 0) {
+    return;
+  }
+  auto r = rois.to(at::kDouble);
+  auto bounds = at::aminmax(r.select(1, 0));
+  auto non_finite = (~at::isfinite(r)).sum().to(at::kDouble);
+  at::Tensor lowest, highest;
+  if (argmax.numel() > 0 && argmax.is_cpu()) {
+    // A plain loop: ATen's parallel reduction wakes every thread for a small tensor, which on a
+    // busy machine costs more than the whole backward.
+    const at::Tensor a = argmax.contiguous();
+    const int32_t* v = a.data_ptr<int32_t>();
+    int32_t lo = v[0], hi = v[0];
+    for (int64_t i = 1; i < a.numel(); ++i) {
+      lo = v[i] < lo ? v[i] : lo;
+      hi = v[i] > hi ? v[i] : hi;
+    }
+    lowest = at::full({}, static_cast<double>(lo), r.options());
+    highest = at::full({}, static_cast<double>(hi), r.options());
+  } else if (argmax.numel() > 0) {
+    auto a = at::aminmax(argmax);
+    lowest = std::get<0>(a).to(at::kDouble);
+    highest = std::get<1>(a).to(at::kDouble);
+  } else {
+    lowest = highest = at::full({}, -1.0, r.options());
+  }
+  auto summary =
+      at::stack({std::get<0>(bounds), std::get<1>(bounds), non_finite, lowest, highest}).cpu();
+  const double* v = summary.data_ptr<double>();
+  DETCORE_CHECK_ARG(
+      v[2] == 0, op, ": rois must be finite, got ", static_cast<int64_t>(v[2]),
+      " NaN or infinite value(s)");
+  DETCORE_CHECK_ARG(
+      v[0] >= 0 && v[1] < static_cast<double>(batch_size), op,
+      ": rois[:, 0] must be batch indices in [0, ", batch_size, "), got values in [", v[0], ", ",
+      v[1], "]");
+  DETCORE_CHECK_ARG(
+      v[3] >= -1 && v[4] < static_cast<double>(height * width), op,
+      ": argmax must hold offsets into the H * W plane, in [-1, ", height * width,
+      "), got values in [", static_cast<int64_t>(v[3]), ", ", static_cast<int64_t>(v[4]), "]");
+}
+
 }  // namespace detcore

@@ -2,6 +2,8 @@
 // re-enter an op below their own dispatch key.
 #pragma once
 
+#include <tuple>
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -47,6 +49,30 @@ inline at::Tensor call_roi_align_backward(
   return op.call(
       grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
       sampling_ratio, aligned);
+}
+
+inline std::tuple<at::Tensor, at::Tensor> call_roi_pool(
+    const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
+    int64_t pooled_width) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("detcore::roi_pool", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&, double, int64_t, int64_t)>();
+  return op.call(input, rois, spatial_scale, pooled_height, pooled_width);
+}
+
+inline at::Tensor call_roi_pool_backward(
+    const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
+    double spatial_scale, int64_t pooled_height, int64_t pooled_width, c10::SymInt batch_size,
+    c10::SymInt channels, c10::SymInt height, c10::SymInt width) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("detcore::_roi_pool_backward", "")
+                       .typed<at::Tensor(
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                           int64_t, int64_t, c10::SymInt, c10::SymInt, c10::SymInt, c10::SymInt)>();
+  return op.call(
+      grad, rois, argmax, spatial_scale, pooled_height, pooled_width, batch_size, channels,
+      height, width);
 }
 
 }  // namespace detcore

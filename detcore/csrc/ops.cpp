@@ -21,6 +21,15 @@ TORCH_LIBRARY(detcore, m) {
       "_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, "
       "int pooled_width, SymInt batch_size, SymInt channels, SymInt height, SymInt width, "
       "int sampling_ratio, bool aligned) -> Tensor");
+  // ROIPool returns the pooled values and, for its backward, where each came from (an offset
+  // into the input's H * W plane, -1 for an empty bin), as torchvision's op does.
+  m.def(
+      "roi_pool(Tensor input, Tensor rois, float spatial_scale, int pooled_height, "
+      "int pooled_width) -> (Tensor, Tensor)");
+  m.def(
+      "_roi_pool_backward(Tensor grad, Tensor rois, Tensor argmax, float spatial_scale, "
+      "int pooled_height, int pooled_width, SymInt batch_size, SymInt channels, SymInt height, "
+      "SymInt width) -> Tensor");  // symbolic input shape: see _roi_align_backward
   // What this binary was built with, for collect_env and for clear errors.
   m.def("_cuda_version() -> int", &cuda_version);
   m.def("_cuda_arch_list() -> str", &cuda_arch_list);

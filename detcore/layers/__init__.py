@@ -1,4 +1,4 @@
-"""detcore's layers: the compiled ops (NMS, ROIAlign) and the model's building blocks.
+"""detcore's layers: the compiled ops (NMS, ROIAlign, ROIPool) and the model's building blocks.
 
 The ops need only torch and detcore._C at run time (no torchvision).
 """
@@ -7,6 +7,7 @@ from .batch_norm import FrozenBatchNorm2d, get_norm
 from .conv import Conv2d, c2_msra_fill, c2_xavier_fill
 from .nms import batched_nms, nms
 from .roi_align import ROIAlign, RoIAlign, roi_align
+from .roi_pool import ROIPool, RoIPool, roi_pool
 from .shape_spec import ShapeSpec
 
 __all__ = [
@@ -16,6 +17,9 @@ __all__ = [
     "roi_align",
     "ROIAlign",
     "RoIAlign",
+    "roi_pool",
+    "ROIPool",
+    "RoIPool",
     "FrozenBatchNorm2d",
     "get_norm",
     "Conv2d",

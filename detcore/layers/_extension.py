@@ -92,3 +92,16 @@ if _loaded:
         sampling_ratio, aligned,
     ):
         return grad.new_empty((batch_size, channels, height, width))
+
+    @torch.library.register_fake("detcore::roi_pool")
+    def _roi_pool_fake(input, rois, spatial_scale, pooled_height, pooled_width):
+        torch._check(input.dim() == 4, lambda: "roi_pool: input must be [N, C, H, W]")
+        torch._check(rois.dim() == 2 and rois.size(1) == 5, lambda: "roi_pool: rois must be [K, 5]")
+        shape = (rois.size(0), input.size(1), pooled_height, pooled_width)
+        return input.new_empty(shape), input.new_empty(shape, dtype=torch.int32)
+
+    @torch.library.register_fake("detcore::_roi_pool_backward")
+    def _roi_pool_backward_fake(
+        grad, rois, argmax, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
+    ):
+        return grad.new_empty((batch_size, channels, height, width))

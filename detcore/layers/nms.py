@@ -1,7 +1,6 @@
 """Non-maximum suppression, drop-in for torchvision.ops.nms / batched_nms."""
 import torch
 from torch import Tensor
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from ._extension import ensure_loaded
 
@@ -37,11 +36,16 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
     """
     if not torch.jit.is_scripting():  # TorchScript cannot read the loader's state
         ensure_loaded()
-    # As torchvision: no boxes, nothing to check about the other arguments. When tracing with a
-    # data-dependent box count (torch.export), the op itself handles the empty case.
+    # As torchvision: no boxes, nothing to check about the other arguments. A traced count
+    # (symbolic in torch.export, a tensor in torch.jit.trace) is not branched on: the op itself
+    # handles the empty case.
     if torch.jit.is_scripting():
         if boxes.numel() == 0:
             return torch.empty((0,), dtype=torch.int64, device=boxes.device)
-    elif statically_known_true(boxes.numel() == 0):
+    elif _is_concrete_zero(boxes.numel()):
         return torch.empty((0,), dtype=torch.int64, device=boxes.device)
     return torch.ops.detcore.batched_nms(boxes, scores, idxs, float(iou_threshold))
+
+
+def _is_concrete_zero(count) -> bool:
+    return type(count) is int and count == 0

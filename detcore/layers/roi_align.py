@@ -12,14 +12,14 @@ from torch.nn.modules.utils import _pair
 from ._extension import OpArgumentError, ensure_loaded
 
 
-def _check_box_list(boxes) -> None:
-    """Eager-mode validation of a per-image box list, with errors that name the entry."""
+def _check_box_list(boxes, op: str = "roi_align") -> None:
+    """Eager-mode validation of a per-image box list, with errors that name the op and the entry."""
     if len(boxes) == 0:
-        raise OpArgumentError("roi_align: boxes is an empty list; give one Tensor[L, 4] per image")
+        raise OpArgumentError(f"{op}: boxes is an empty list; give one Tensor[L, 4] per image")
     for i, b in enumerate(boxes):
         if not isinstance(b, Tensor) or b.dim() != 2 or b.size(1) != 4:
             shape = tuple(b.shape) if isinstance(b, Tensor) else type(b).__name__
-            raise OpArgumentError(f"roi_align: boxes[{i}] must be a Tensor[L, 4], got {shape}")
+            raise OpArgumentError(f"{op}: boxes[{i}] must be a Tensor[L, 4], got {shape}")
 
 
 def convert_boxes_to_roi_format(boxes: List[Tensor]) -> Tensor:

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from detcore.layers import batched_nms, nms, roi_align
+from detcore.layers import batched_nms, nms, roi_align, roi_pool
 from detcore.layers import _extension
 
 try:
@@ -193,3 +193,77 @@ def test_roi_align_cuda_checks_its_rois_with_one_sync():
 
 def _syncs(caught_warnings):
     return [w for w in caught_warnings if "synchronizing" in str(w.message)]
+
+
+# ---------------------------------------------------------------------------------- roi_pool
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("spatial_scale", [1 / 32, 1 / 16])
+@pytest.mark.parametrize("ties", [False, True])
+def test_roi_pool_cuda_equals_cpu(dtype, spatial_scale, ties):
+    features, rois = _roi_inputs(13, dtype)
+    if ties:  # few distinct values: both devices must pick the first maximum
+        features = torch.randint(0, 3, features.shape, generator=_gen(14)).to(dtype)
+    cpu = _cpu_dtype(dtype)
+    x_cpu = features.to(cpu).requires_grad_(True)
+    out_cpu, argmax_cpu = torch.ops.detcore.roi_pool(x_cpu, rois.to(cpu), spatial_scale, 7, 6)
+    grad_out = torch.randn(out_cpu.shape, generator=_gen(15)).to(dtype)
+    out_cpu.backward(grad_out.to(cpu))
+
+    x_cuda = features.cuda().requires_grad_(True)
+    out_cuda, argmax_cuda = torch.ops.detcore.roi_pool(x_cuda, rois.cuda(), spatial_scale, 7, 6)
+    assert out_cuda.dtype == dtype and argmax_cuda.dtype == torch.int32
+    out_cuda.backward(grad_out.cuda())
+    assert x_cuda.grad.dtype == dtype
+    assert torch.equal(argmax_cuda.cpu(), argmax_cpu)
+    assert torch.equal(out_cuda.cpu().to(cpu), out_cpu.detach().to(dtype).to(cpu))
+    torch.testing.assert_close(x_cuda.grad.cpu().to(cpu), x_cpu.grad, **ROI_TOL[dtype])
+
+
+def test_roi_pool_cuda_equals_torchvision():
+    pytest.importorskip("torchvision")  # registers torch.ops.torchvision
+    features, rois = _roi_inputs(16, torch.float32)
+    x = features.cuda()
+    ours, our_argmax = torch.ops.detcore.roi_pool(x, rois.cuda(), 1 / 16, 7, 7)
+    theirs, their_argmax = torch.ops.torchvision.roi_pool(x, rois.cuda(), 1 / 16, 7, 7)
+    assert torch.equal(ours, theirs) and torch.equal(our_argmax, their_argmax)
+
+
+def test_roi_pool_cuda_channels_last_empty_and_autocast():
+    features, rois = _roi_inputs(17, torch.float32, k=50)
+    expected = roi_pool(features, rois, 5, 1 / 32)
+    x = features.cuda().to(memory_format=torch.channels_last)
+    assert torch.equal(roi_pool(x, rois.cuda(), 5, 1 / 32).cpu(), expected)
+    x = features.cuda().requires_grad_(True)
+    out = roi_pool(x, rois.cuda()[:0], 5, 1 / 32)
+    assert out.shape == (0, 8, 5, 5)
+    out.sum().backward()
+    assert bool((x.grad == 0).all())
+    with torch.autocast("cuda", dtype=torch.float16):
+        out = roi_pool(features.cuda(), rois.cuda(), 5, 1 / 32)
+        half_out = roi_pool(features.cuda().half(), rois.cuda(), 5, 1 / 32)
+    assert out.dtype == torch.float32 and half_out.dtype == torch.float16
+    assert torch.equal(out.cpu(), expected)
+    assert torch.equal(half_out.cpu(), roi_pool(features.half().float(), rois, 5, 1 / 32).half())
+
+
+def test_roi_pool_backward_cuda_alerts_nondeterminism():
+    features, rois = _roi_inputs(18, torch.float32, k=5)
+    out = roi_pool(features.cuda().requires_grad_(True), rois.cuda(), 2, 1 / 32)
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError, match="roi_pool_backward_cuda"):
+            out.sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)
+
+
+def test_roi_pool_cuda_bad_input_names_the_argument():
+    features, rois = _roi_inputs(19, torch.float32, k=5)
+    with pytest.raises((ValueError, RuntimeError), match="rois"):
+        roi_pool(features.cuda(), rois, 2, 1 / 32)
+    rois[3, 0] = 2  # the batch has 2 images
+    with pytest.raises(ValueError, match="rois"):
+        roi_pool(features.cuda(), rois.cuda(), 2, 1 / 32)

@@ -1,6 +1,6 @@
-// Grid and block sizes of the CUDA launchers, in plain C++: the launchers in nms_kernel.cu and
-// roi_align_kernel.cu and the CUDA emulation in tests/layers/cuda_emulation/ launch the kernels
-// with the same numbers. The grid and shared-memory limits are parameters, so a test can give a
+// Grid and block sizes of the CUDA launchers, in plain C++: the launchers in nms_kernel.cu,
+// roi_align_kernel.cu and roi_pool_kernel.cu and the CUDA emulation in
+// tests/layers/cuda_emulation/ launch the kernels with the same numbers. The grid and shared-memory limits are parameters, so a test can give a
 // kernel more work than blocks, or push the NMS unwrap onto its global-memory path, with a few
 // boxes.
 #pragma once
@@ -45,6 +45,16 @@ constexpr int64_t kMaxBlocks = 65535;  // grid-stride loops cover the rest
 // Blocks for `total` pooled elements (forward) or incoming gradients (backward).
 constexpr unsigned int roi_align_blocks(int64_t total, int64_t max_blocks = kMaxBlocks) {
   const int64_t blocks = (total + kRoiAlignThreads - 1) / kRoiAlignThreads;
+  return static_cast<unsigned int>(blocks < max_blocks ? blocks : max_blocks);
+}
+
+// --- roi_pool -------------------------------------------------------------------------------
+constexpr int kRoiPoolThreads = 256;  // one thread per pooled element or incoming gradient
+
+// Blocks for `total` pooled elements (forward) or incoming gradients (backward); grid-stride
+// loops cover what max_blocks leaves.
+constexpr unsigned int roi_pool_blocks(int64_t total, int64_t max_blocks = kMaxBlocks) {
+  const int64_t blocks = (total + kRoiPoolThreads - 1) / kRoiPoolThreads;
   return static_cast<unsigned int>(blocks < max_blocks ? blocks : max_blocks);
 }
 
