@@ -108,30 +108,81 @@ inline void write_columns(const Tap<T>& t, const T* const r[4], int64_t c0, int6
   }
 }
 
-// Offset of (group, pos, tap k, channel c of that group) in the [G, P, K, C / G] columns.
-inline int64_t column_index(const DeformParams& p, const Segment& s, int64_t pos, int64_t k) {
-  return ((s.group * p.positions() + pos) * p.taps() + k) * p.group_channels() +
+// A chunk of consecutive images, and where row `row` of its columns reads from: row =
+// image_in_chunk * positions + position.
+template <typename T>
+struct Chunk {
+  int64_t first, count;  // images [first, first + count)
+  const T* images;       // channels-last [N, H * W, C]
+  const T* offset;       // [N, 2 * OG * K, P]
+  const T* mask;         // [N, OG * K, P] or nullptr
+  int64_t rows() const { return count * positions; }
+  int64_t positions, image_stride, offset_stride, mask_stride;
+
+  const T* image(int64_t row) const { return images + (first + row / positions) * image_stride; }
+  const T* offset_of(int64_t row) const {
+    return offset + (first + row / positions) * offset_stride;
+  }
+  const T* mask_of(int64_t row) const {
+    return mask != nullptr ? mask + (first + row / positions) * mask_stride : nullptr;
+  }
+};
+
+// Offset of (group, row, tap k, first channel of s) in the [G, rows, K, C / G] columns.
+inline int64_t column_index(
+    const DeformParams& p, const Segment& s, int64_t rows, int64_t row, int64_t k) {
+  return ((s.group * rows + row) * p.taps() + k) * p.group_channels() +
          (s.c0 - s.group * p.group_channels());
 }
 
-// Columns of one image, [G, P, K, C / G].
+// Columns of a chunk of images, [G, rows, K, C / G].
 template <typename T>
 void deformable_im2col(
-    const T* image, const T* offset, const T* mask, const DeformParams& p,
-    const std::vector<Segment>& segments, const T* zeros, T* columns) {
+    const Chunk<T>& chunk, const DeformParams& p, const std::vector<Segment>& segments,
+    const T* zeros, T* columns) {
   const int64_t taps = p.taps();
-  at::parallel_for(0, p.positions(), grain_for(4 * taps * p.channels), [&](int64_t lo, int64_t hi) {
-    const T* rows[4];
-    for (int64_t pos = lo; pos < hi; ++pos) {
+  const int64_t rows = chunk.rows();
+  at::parallel_for(0, rows, grain_for(4 * taps * p.channels), [&](int64_t lo, int64_t hi) {
+    const T* corners[4];
+    for (int64_t row = lo; row < hi; ++row) {
+      const int64_t pos = row % chunk.positions;
+      const T* image = chunk.image(row);
+      const T* offset = chunk.offset_of(row);
+      const T* mask = chunk.mask_of(row);
       for (const Segment& s : segments) {
         for (int64_t k = 0; k < taps; ++k) {
           const Tap<T> t = make_tap(offset, mask, p, s.offset_group, k, pos);
-          corner_rows(t, image, p.channels, zeros, rows);
-          write_columns(t, rows, s.c0, s.c1, columns + column_index(p, s, pos, k));
+          corner_rows(t, image, p.channels, zeros, corners);
+          write_columns(t, corners, s.c0, s.c1, columns + column_index(p, s, rows, row, k));
         }
       }
     }
   });
+}
+
+// Images per chunk: columns of at most about kColumnBudget values (512 MB in float32).
+constexpr int64_t kColumnBudget = int64_t(1) << 27;
+
+int64_t images_per_chunk(const DeformParams& p, int64_t batch) {
+  const int64_t per_image = std::max<int64_t>(1, p.positions() * p.taps() * p.channels);
+  return std::clamp<int64_t>(kColumnBudget / per_image, 1, std::max<int64_t>(batch, 1));
+}
+
+template <typename T>
+Chunk<T> make_chunk(
+    const at::Tensor& image_cl, const at::Tensor& offset, const at::Tensor& mask,
+    const DeformParams& p, int64_t first, int64_t count) {
+  Chunk<T> c;
+  c.first = first;
+  c.count = count;
+  c.images = image_cl.data_ptr<T>();
+  c.offset = offset.data_ptr<T>();
+  c.mask = mask.defined() ? mask.data_ptr<T>() : nullptr;
+  c.positions = p.positions();
+  c.image_stride = p.height * p.width * p.channels;
+  c.offset_stride = offset.size(1) * c.positions;
+  c.mask_stride = mask.defined() ? mask.size(1) * c.positions : 0;
+  return c;
 }
 
 // The weight as [G, O / G, K * C / G], in the columns' (tap, channel) order.
@@ -185,6 +236,8 @@ c10::optional<at::Tensor> to_float(const c10::optional<at::Tensor>& t) {
   return c10::nullopt;
 }
 
+// One GEMM per weight group and chunk: [rows, K * C / G] x [K * C / G, O / G] (both operands
+// row-major, MKL's fastest case here), then [rows, O] is transposed into the NCHW output.
 template <typename T>
 void forward_impl(
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
@@ -192,25 +245,27 @@ void forward_impl(
   const int64_t batch = input.size(0);
   const int64_t positions = p.positions();
   const int64_t cg = p.group_channels();
+  const int64_t out_per_group = output.size(1) / p.groups;
   const auto segments = channel_segments(p);
   const std::vector<T> zeros(p.channels, T(0));
-  at::Tensor image_cl = channels_last_copy<T>(input);
-  auto w_rows = weight_as_rows(weight, p.groups).contiguous();
-  auto columns = at::empty({p.groups, positions, p.taps() * cg}, input.options());
-  const int64_t offset_stride = offset.size(1) * positions;
-  const int64_t mask_stride = mask.defined() ? mask.size(1) * positions : 0;
-  const int64_t image_stride = p.height * p.width * p.channels;
-  const int64_t out_per_group = output.size(1) / p.groups;
-  for (int64_t n = 0; n < batch; ++n) {
-    deformable_im2col<T>(
-        image_cl.data_ptr<T>() + n * image_stride, offset.data_ptr<T>() + n * offset_stride,
-        mask.defined() ? mask.data_ptr<T>() + n * mask_stride : nullptr, p, segments,
-        zeros.data(), columns.data_ptr<T>());
-    auto out_n = output[n].view({p.groups, out_per_group, positions});
+  const at::Tensor image_cl = channels_last_copy<T>(input);
+  const at::Tensor w_rows = weight_as_rows(weight, p.groups).contiguous();
+  const int64_t per_chunk = images_per_chunk(p, batch);
+  at::Tensor columns = at::empty({p.groups, per_chunk * positions, p.taps() * cg}, input.options());
+  at::Tensor result = at::empty({p.groups, per_chunk * positions, out_per_group}, input.options());
+  for (int64_t first = 0; first < batch; first += per_chunk) {
+    const int64_t count = std::min(per_chunk, batch - first);
+    const Chunk<T> chunk = make_chunk<T>(image_cl, offset, mask, p, first, count);
+    at::Tensor cols = columns.narrow(1, 0, chunk.rows());
+    deformable_im2col<T>(chunk, p, segments, zeros.data(), cols.data_ptr<T>());
+    at::Tensor res = result.narrow(1, 0, chunk.rows());
     for (int64_t g = 0; g < p.groups; ++g) {
-      auto out_g = out_n[g];
-      at::mm_out(out_g, w_rows[g], columns[g].t());
+      auto res_g = res[g];
+      at::mm_out(res_g, cols[g], w_rows[g].t());
     }
+    output.narrow(0, first, count)
+        .view({count, p.groups, out_per_group, positions})
+        .copy_(res.view({p.groups, count, positions, out_per_group}).permute({1, 0, 3, 2}));
   }
 }
 
@@ -247,35 +302,43 @@ at::Tensor deform_conv2d_forward_cpu(
   return output;
 }
 
-// Per position, for every offset group and tap: its Tap (kept for col2im), its columns (for the
-// weight gradient), and the offset and mask gradients.
+// Per row (image, position), for every offset group and tap: its Tap (kept for col2im), its
+// columns (for the weight gradient), and the offset and mask gradients, from the dot products of
+// the grad columns with the four corner vectors.
 template <typename T>
 void columns_and_coordinate_grads(
-    const T* image, const T* offset, const T* mask, const T* grad_columns, const DeformParams& p,
+    const Chunk<T>& chunk, const T* grad_columns, const DeformParams& p,
     const std::vector<Segment>& segments, const T* zeros, Tap<T>* taps, T* columns,
     T* grad_offset, T* grad_mask) {
   const int64_t k_taps = p.taps();
   const int64_t positions = p.positions();
-  at::parallel_for(0, positions, grain_for(12 * k_taps * p.channels), [&](int64_t lo, int64_t hi) {
-    const T* rows[4];
-    for (int64_t pos = lo; pos < hi; ++pos) {
+  const int64_t rows = chunk.rows();
+  at::parallel_for(0, rows, grain_for(12 * k_taps * p.channels), [&](int64_t lo, int64_t hi) {
+    const T* corners[4];
+    for (int64_t row = lo; row < hi; ++row) {
+      const int64_t pos = row % positions;
+      const int64_t n = chunk.first + row / positions;
+      const T* image = chunk.image(row);
+      const T* offset = chunk.offset_of(row);
+      const T* mask = chunk.mask_of(row);
+      T* g_offset = grad_offset + n * chunk.offset_stride;
+      T* g_mask = grad_mask != nullptr ? grad_mask + n * chunk.mask_stride : nullptr;
       for (int64_t og = 0; og < p.offset_groups; ++og) {
         for (int64_t k = 0; k < k_taps; ++k) {
           const Tap<T> t = make_tap(offset, mask, p, og, k, pos);
-          taps[(pos * p.offset_groups + og) * k_taps + k] = t;
-          corner_rows(t, image, p.channels, zeros, rows);
-          // dot[c] = <grad column, corner c's vector> over the offset group's channels.
-          T dot[4] = {T(0), T(0), T(0), T(0)};
+          taps[(row * p.offset_groups + og) * k_taps + k] = t;
+          corner_rows(t, image, p.channels, zeros, corners);
+          T dot[4] = {T(0), T(0), T(0), T(0)};  // over the offset group's channels
           for (const Segment& s : segments) {
             if (s.offset_group != og) continue;
-            const int64_t at = column_index(p, s, pos, k);
-            write_columns(t, rows, s.c0, s.c1, columns + at);
+            const int64_t at = column_index(p, s, rows, row, k);
+            write_columns(t, corners, s.c0, s.c1, columns + at);
             const T* g = grad_columns + at - s.c0;
+            const T* r0 = corners[0];
+            const T* r1 = corners[1];
+            const T* r2 = corners[2];
+            const T* r3 = corners[3];
             T d0 = 0, d1 = 0, d2 = 0, d3 = 0;
-            const T* r0 = rows[0];
-            const T* r1 = rows[1];
-            const T* r2 = rows[2];
-            const T* r3 = rows[3];
             for (int64_t c = s.c0; c < s.c1; ++c) {
               d0 += g[c] * r0[c];
               d1 += g[c] * r1[c];
@@ -287,7 +350,6 @@ void columns_and_coordinate_grads(
             dot[2] += d2;
             dot[3] += d3;
           }
-          const int64_t channel = og * k_taps + k;
           T gy = 0, gx = 0, gm = 0;
           if (t.inside) {
             DeformSample<T> sample;
@@ -296,48 +358,50 @@ void columns_and_coordinate_grads(
             T dwy[4], dwx[4];
             deform_weight_derivatives(sample, dwy, dwx);
             for (int c = 0; c < 4; ++c) {
-              if (t.pixel[c] < 0) continue;
+              if (t.pixel[c] < 0) continue;  // a zero outside the map: no gradient
               gy += dwy[c] * dot[c];
               gx += dwx[c] * dot[c];
               gm += t.w[c] * dot[c];
             }
           }
-          grad_offset[2 * channel * positions + pos] = t.mask * gy;
-          grad_offset[(2 * channel + 1) * positions + pos] = t.mask * gx;
-          if (grad_mask != nullptr) grad_mask[channel * positions + pos] = gm;
+          const int64_t channel = og * k_taps + k;
+          g_offset[2 * channel * positions + pos] = t.mask * gy;
+          g_offset[(2 * channel + 1) * positions + pos] = t.mask * gx;
+          if (g_mask != nullptr) g_mask[channel * positions + pos] = gm;
         }
       }
     }
   });
 }
 
-// Scatters the grad columns of one image into its channels-last input gradient [H * W, C].
-// Threads own disjoint channel blocks: no two write the same value.
+// Scatters the grad columns of a chunk into the channels-last input gradient [N, H * W, C].
+// Threads own disjoint channel blocks: no two ever write the same value, no atomics.
 template <typename T>
 void deformable_col2im(
-    const Tap<T>* taps, const T* grad_columns, const DeformParams& p,
-    const std::vector<Segment>& segments, T* grad_image) {
+    const Chunk<T>& chunk, const Tap<T>* taps, const T* grad_columns, const DeformParams& p,
+    const std::vector<Segment>& segments, T* grad_images) {
   const int64_t k_taps = p.taps();
-  const int64_t positions = p.positions();
+  const int64_t rows = chunk.rows();
   const int64_t threads = at::get_num_threads();
   const int64_t width =
       std::max<int64_t>(16, ((p.channels + threads - 1) / threads + 15) / 16 * 16);
   const int64_t blocks = (p.channels + width - 1) / width;
-  at::parallel_for(0, blocks, grain_for(4 * positions * k_taps * width), [&](int64_t blo, int64_t bhi) {
+  at::parallel_for(0, blocks, grain_for(4 * rows * k_taps * width), [&](int64_t blo, int64_t bhi) {
     const int64_t b0 = blo * width;
     const int64_t b1 = std::min(p.channels, bhi * width);
     for (const Segment& s : segments) {
       const int64_t c0 = std::max(s.c0, b0);
       const int64_t c1 = std::min(s.c1, b1);
       if (c0 >= c1) continue;
-      for (int64_t pos = 0; pos < positions; ++pos) {
+      for (int64_t row = 0; row < rows; ++row) {
+        T* image = grad_images + (chunk.first + row / chunk.positions) * chunk.image_stride;
         for (int64_t k = 0; k < k_taps; ++k) {
-          const Tap<T>& t = taps[(pos * p.offset_groups + s.offset_group) * k_taps + k];
-          const T* g = grad_columns + column_index(p, s, pos, k) - s.c0;
+          const Tap<T>& t = taps[(row * p.offset_groups + s.offset_group) * k_taps + k];
+          const T* g = grad_columns + column_index(p, s, rows, row, k) - s.c0;
           for (int corner = 0; corner < 4; ++corner) {
             if (t.pixel[corner] < 0) continue;
             const T w = t.mask * t.w[corner];
-            T* dst = grad_image + t.pixel[corner] * p.channels;
+            T* dst = image + t.pixel[corner] * p.channels;
             for (int64_t c = c0; c < c1; ++c) dst[c] += w * g[c];
           }
         }
@@ -359,37 +423,44 @@ void backward_impl(
   const int64_t out_per_group = grad.size(1) / p.groups;
   const auto segments = channel_segments(p);
   const std::vector<T> zeros(p.channels, T(0));
-  at::Tensor image_cl = channels_last_copy<T>(input);
+  const at::Tensor image_cl = channels_last_copy<T>(input);
   at::Tensor grad_image_cl = at::zeros_like(image_cl);
-  auto w_rows = weight_as_rows(weight, p.groups).contiguous();
-  auto grad_w_rows = at::zeros_like(w_rows);
-  auto columns = at::empty({p.groups, positions, taps * cg}, input.options());
-  auto grad_columns = at::empty_like(columns);
-  std::vector<Tap<T>> tap_buffer(positions * p.offset_groups * taps);
-  const int64_t image_stride = p.height * p.width * p.channels;
-  const int64_t offset_stride = offset.size(1) * positions;
-  const int64_t mask_stride = mask.defined() ? mask.size(1) * positions : 0;
-  for (int64_t n = 0; n < batch; ++n) {
-    auto grad_n = grad[n].view({p.groups, out_per_group, positions});
+  const at::Tensor w_rows = weight_as_rows(weight, p.groups).contiguous();
+  at::Tensor grad_w_rows = at::zeros_like(w_rows);
+  const int64_t per_chunk = images_per_chunk(p, batch);
+  at::Tensor columns = at::empty({p.groups, per_chunk * positions, taps * cg}, input.options());
+  at::Tensor grad_columns = at::empty_like(columns);
+  at::Tensor grad_rows = at::empty({p.groups, per_chunk * positions, out_per_group}, input.options());
+  std::vector<Tap<T>> tap_buffer(per_chunk * positions * p.offset_groups * taps);
+  for (int64_t first = 0; first < batch; first += per_chunk) {
+    const int64_t count = std::min(per_chunk, batch - first);
+    const Chunk<T> chunk = make_chunk<T>(image_cl, offset, mask, p, first, count);
+    const int64_t rows = chunk.rows();
+    // grad as [G, rows, O / G], then grad columns = grad . weight rows.
+    at::Tensor g_rows = grad_rows.narrow(1, 0, rows);
+    g_rows.view({p.groups, count, positions, out_per_group})
+        .copy_(grad.narrow(0, first, count)
+                   .view({count, p.groups, out_per_group, positions})
+                   .permute({1, 0, 3, 2}));
+    at::Tensor gcols = grad_columns.narrow(1, 0, rows);
+    at::Tensor cols = columns.narrow(1, 0, rows);
     for (int64_t g = 0; g < p.groups; ++g) {
-      auto gc = grad_columns[g];
-      at::mm_out(gc, grad_n[g].t(), w_rows[g]);
+      auto gc = gcols[g];
+      at::mm_out(gc, g_rows[g], w_rows[g]);
     }
     columns_and_coordinate_grads<T>(
-        image_cl.data_ptr<T>() + n * image_stride, offset.data_ptr<T>() + n * offset_stride,
-        mask.defined() ? mask.data_ptr<T>() + n * mask_stride : nullptr,
-        grad_columns.data_ptr<T>(), p, segments, zeros.data(), tap_buffer.data(),
-        columns.data_ptr<T>(), grad_offset.data_ptr<T>() + n * offset_stride,
-        mask.defined() ? grad_mask.data_ptr<T>() + n * mask_stride : nullptr);
+        chunk, gcols.data_ptr<T>(), p, segments, zeros.data(), tap_buffer.data(),
+        cols.data_ptr<T>(), grad_offset.data_ptr<T>(),
+        mask.defined() ? grad_mask.data_ptr<T>() : nullptr);
     deformable_col2im<T>(
-        tap_buffer.data(), grad_columns.data_ptr<T>(), p, segments,
-        grad_image_cl.data_ptr<T>() + n * image_stride);
+        chunk, tap_buffer.data(), gcols.data_ptr<T>(), p, segments, grad_image_cl.data_ptr<T>());
     for (int64_t g = 0; g < p.groups; ++g) {
-      grad_w_rows[g].addmm_(grad_n[g], columns[g]);
+      grad_w_rows[g].addmm_(g_rows[g].t(), cols[g]);
     }
   }
-  // [N, H * W, C] -> [N, C, H, W]
-  grad_input.copy_(grad_image_cl.view({batch, p.height, p.width, p.channels}).permute({0, 3, 1, 2}));
+  // [N, H * W, C] -> [N, C, H, W]; [G, O / G, K, C / G] -> [O, C / G, kh, kw]
+  grad_input.copy_(
+      grad_image_cl.view({batch, p.height, p.width, p.channels}).permute({0, 3, 1, 2}));
   grad_weight.copy_(grad_w_rows.view({p.groups, out_per_group, taps, cg})
                         .permute({0, 1, 3, 2})
                         .reshape(grad_weight.sizes()));
