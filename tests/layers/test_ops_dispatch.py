@@ -26,7 +26,9 @@ def _detection_inputs(seed=0, n=400):
     return boxes, scores, idxs, features, rois
 
 
-@pytest.mark.parametrize("name", ["nms", "batched_nms", "roi_align", "_roi_align_backward"])
+@pytest.mark.parametrize(
+    "name", ["nms", "batched_nms", "roi_align", "_roi_align_backward", "deform_conv2d", "_deform_conv2d_backward"]
+)
 def test_ops_are_registered(name):
     op = getattr(torch.ops.detcore, name)
     assert op.default._schema.name == f"detcore::{name}"
