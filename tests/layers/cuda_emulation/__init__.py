@@ -22,7 +22,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 SOURCES = [
     os.path.join(HERE, name)
-    for name in ("cuda_emulation.cpp", "emulated_nms.cpp", "emulated_roi_align.cpp")
+    for name in (
+        "cuda_emulation.cpp", "emulated_nms.cpp", "emulated_roi_align.cpp", "emulated_deform_conv2d.cpp"
+    )
 ]
 # -ffp-contract=off: a * b + c is two roundings, never an FMA (see cuda_emulation.h).
 FLAGS = ["-O2", "-ffp-contract=off"]
