@@ -126,20 +126,25 @@ def test_more_work_than_blocks(emu, max_blocks):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_col2im_atomics_into_one_pixel_block(emu, dtype):
-    """Every tap of every position samples (1.5, 1.5): 4 pixels take 0.25 of each of the
-    2 * 25 * 9 grad columns, all added with atomics into the same 4 values. Exact sums (multiples
-    of 0.25 of small integers), so the order does not matter; a plain += would lose updates."""
-    x = torch.randn(2, 1, 5, 5, dtype=dtype)
-    weight = torch.ones(1, 1, 3, 3, dtype=dtype)
-    ys = torch.arange(5, dtype=dtype)[:, None] - 1 + torch.arange(3, dtype=dtype).repeat_interleave(3)[:, None, None]
-    xs = torch.arange(5, dtype=dtype)[None, :] - 1 + torch.arange(3, dtype=dtype).repeat(3)[:, None, None]
-    offset = torch.stack([1.5 - ys.expand(9, 5, 5), 1.5 - xs.expand(9, 5, 5)], dim=1).reshape(1, 18, 5, 5).repeat(2, 1, 1, 1)
-    grad = torch.ones(2, 1, 5, 5, dtype=dtype)
+    """Every tap of every position samples (1.5, 1.5): 4 pixels take 0.25 of each grad column
+    entry, all added with atomics into the same 4 values of each channel. One block of 256
+    threads, each looping over ~8000 entries (so the threads run at once), for 8 x 9 x 160 x 178
+    entries: exact sums
+    (multiples of 0.25 below 2**22), so the order does not matter; a plain += loses updates."""
+    h, w = 160, 178
+    x = torch.randn(1, 8, h, w, dtype=dtype)
+    weight = torch.ones(1, 8, 3, 3, dtype=dtype)
+    tap_y = torch.arange(3, dtype=dtype).repeat_interleave(3)[:, None, None]
+    tap_x = torch.arange(3, dtype=dtype).repeat(3)[:, None, None]
+    ys = (torch.arange(h, dtype=dtype)[:, None] - 1 + tap_y).expand(9, h, w)
+    xs = (torch.arange(w, dtype=dtype)[None, :] - 1 + tap_x).expand(9, h, w)
+    offset = torch.stack([1.5 - ys, 1.5 - xs], dim=1).reshape(1, 18, h, w)
+    grad = torch.ones(1, 1, h, w, dtype=dtype)
     args = (1, 1, 1, 1, 1, 1, 1, 1)
-    got = emu.deform_conv2d_backward(grad, x, weight, offset, None, *args)[0]
+    got = emu.deform_conv2d_backward(grad, x, weight, offset, None, *args, 1)[0]
     expected = torch.ops.detcore._deform_conv2d_backward(grad, x, weight, offset, None, None, *args)[0]
+    assert got[0, :, 1:3, 1:3].eq(h * w * 9 * 0.25).all() and got.sum() == 8 * h * w * 9
     assert torch.equal(got, expected)
-    assert got[0, 0, 1:3, 1:3].eq(25 * 9 * 0.25).all() and got.sum() == 2 * 25 * 9
 
 
 def test_empty_batch(emu):
