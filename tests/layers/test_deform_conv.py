@@ -396,3 +396,27 @@ def test_many_threads_agree_with_one():
     torch.testing.assert_close(one[0], many[0], atol=1e-12, rtol=1e-12)
     for a, b in zip(one[1], many[1]):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def test_images_in_several_chunks_equal_one_at_a_time():
+    """512 channels x 9 taps x 64 x 64 positions is over the CPU kernel's column budget (2**25
+    values) for 2 images: they run as 2 chunks, the weight gradient summed over both."""
+    g = _gen(97)
+    x = torch.randn(2, 512, 64, 64, generator=g)
+    weight = torch.randn(4, 512, 3, 3, generator=g) / 50
+    offset = torch.randn(2, 18, 64, 64, generator=g) * 2
+    mask = torch.rand(2, 9, 64, 64, generator=g)
+    kwargs = dict(padding=(1, 1))
+    out, grads = _value_and_grads(deform_conv2d, x, offset, weight, None, mask, kwargs)
+    grad_out = torch.randn(out.shape, generator=_gen(5), dtype=torch.float64).float()
+    per_image = []
+    for b in range(2):
+        leaves = [t[b : b + 1].clone().requires_grad_(True) for t in (x, offset, mask)] + [weight.clone().requires_grad_(True)]
+        o = deform_conv2d(leaves[0], leaves[1], leaves[3], mask=leaves[2], **kwargs)
+        per_image.append((o.detach(), torch.autograd.grad(o, leaves, grad_out[b : b + 1])))
+    torch.testing.assert_close(out, torch.cat([o for o, _ in per_image]))
+    gx, goff, gw, gm = grads
+    torch.testing.assert_close(gx, torch.cat([gr[0] for _, gr in per_image]))
+    torch.testing.assert_close(goff, torch.cat([gr[1] for _, gr in per_image]))
+    torch.testing.assert_close(gm, torch.cat([gr[2] for _, gr in per_image]))
+    torch.testing.assert_close(gw, per_image[0][1][3] + per_image[1][1][3], atol=1e-4, rtol=1e-4)

@@ -160,8 +160,9 @@ void deformable_im2col(
   });
 }
 
-// Images per chunk: columns of at most about kColumnBudget values (512 MB in float32).
-constexpr int64_t kColumnBudget = int64_t(1) << 27;
+// Images per chunk: columns of at most about kColumnBudget values (128 MB in float32; the
+// backward holds their gradient too), at least one image.
+constexpr int64_t kColumnBudget = int64_t(1) << 25;
 
 int64_t images_per_chunk(const DeformParams& p, int64_t batch) {
   const int64_t per_image = std::max<int64_t>(1, p.positions() * p.taps() * p.channels);
