@@ -16,4 +16,5 @@ export TSAN_OPTIONS="halt_on_error=1 exitcode=66 suppressions=$SUPPRESSIONS ${TS
 # --capture=sys: a report goes straight to stderr (halt_on_error ends the process right after it,
 # before pytest would print what it captured).
 LD_PRELOAD="$TSAN_RUNTIME" "$PYTHON_BIN" -m pytest -p no:cacheprovider --capture=sys -q \
-  tests/layers/test_cuda_emulation.py tests/layers/test_cuda_emulation_roi_pool.py "$@"
+  tests/layers/test_cuda_emulation.py tests/layers/test_cuda_emulation_roi_pool.py \
+  tests/layers/test_cuda_emulation_deform_conv.py "$@"

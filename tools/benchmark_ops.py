@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark detcore's NMS, ROIAlign and ROIPool side by side with torchvision's, in the same process.
+"""Benchmark detcore's NMS, ROIAlign, ROIPool and deformable convolution side by side with torchvision's, in the same process.
 
 Every case runs both libraries on the same seeded inputs, checks once that they agree (same NMS
 indices; ROIAlign outputs and gradients allclose; ROIPool outputs and gradients equal) and reports median times. A speedup above 1
@@ -8,6 +8,7 @@ means detcore is faster. Without torchvision only detcore's times are printed.
     python tools/benchmark_ops.py                      # CPU, full cases
     python tools/benchmark_ops.py --device cuda --repeats 50
     python tools/benchmark_ops.py --quick              # a smoke run of a few seconds
+    python tools/benchmark_ops.py --only deform_conv2d # the cases whose name contains this
 """
 import argparse
 import os
@@ -22,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import detcore  # noqa: E402
-from detcore.layers import batched_nms, nms, roi_align, roi_pool  # noqa: E402
+from detcore.layers import batched_nms, deform_conv2d, nms, roi_align, roi_pool  # noqa: E402
 from detcore.utils.collect_env import cpu_name  # noqa: E402
 from detcore.utils import strict_json  # noqa: E402
 
@@ -229,6 +230,51 @@ def roi_pool_cases(feature_shape, specs, device, repeats, gen, spatial_scale=0.2
                     repeats,
                 )
             )
+def deform_conv_cases(input_shape, out_channels, device, repeats, gen):
+    """A deformable 3x3 conv (stride 1, padding 1, one offset group), without and with a mask
+    (DCN v1 and v2); each gives a forward and a forward+backward (all gradients) case."""
+    n, c, h, w = input_shape
+    x = torch.randn(input_shape, generator=gen).to(device)
+    weight = (torch.randn(out_channels, c, 3, 3, generator=gen) / (3 * c**0.5)).to(device)
+    bias = torch.randn(out_channels, generator=gen).to(device)
+    offset = (torch.randn(n, 18, h, w, generator=gen) * 2).to(device)
+    mask = torch.rand(n, 9, h, w, generator=gen).to(device)
+    grad_out = torch.randn(n, out_channels, h, w, generator=gen).to(device)
+    cases = []
+    for m in (None, mask):
+        label = f"deform_conv2d {tuple(input_shape)} -> {out_channels} 3x3 " + ("v2 mask" if m is not None else "v1")
+
+        def forward(fn, m=m):
+            with torch.no_grad():
+                return fn(x, offset, weight, bias, padding=(1, 1), mask=m)
+
+        def forward_backward(fn, m=m):
+            leaves = [t.detach().clone().requires_grad_(True) for t in (x, offset, weight, bias)]
+            mm = m.detach().clone().requires_grad_(True) if m is not None else None
+            out = fn(*leaves, padding=(1, 1), mask=mm)
+            grads = torch.autograd.grad(out, leaves + ([mm] if mm is not None else []), grad_out)
+            return (out.detach(), *grads)
+
+        tv = tv_ops.deform_conv2d if tv_ops else None
+        cases.append(
+            Case(
+                label + " fwd",
+                lambda f=forward: f(deform_conv2d),
+                tv and (lambda f=forward: f(tv)),
+                lambda a, b: _tensors_agree(a, b, atol=1e-4, rtol=1e-4),
+                repeats,
+            )
+        )
+        cases.append(
+            Case(
+                label + " fwd+bwd",
+                lambda f=forward_backward: f(deform_conv2d),
+                tv and (lambda f=forward_backward: f(tv)),
+                # Weight / bias gradients sum 8400 positions' float32 terms: relative tolerance.
+                lambda a, b: _tensors_agree(a, b, atol=1e-3, rtol=1e-3),
+                repeats,
+            )
+        )
     return cases
 
 
@@ -240,6 +286,7 @@ def build_cases(device, repeats, quick, seed=0):
             + [batched_nms_case(6000, 80, device, repeats, gen)]
             + roi_align_cases((2, 16, 50, 84), [(200, 7, 2), (200, 7, 0)], device, repeats, gen)
             + roi_pool_cases((2, 16, 50, 84), [(200, 7)], device, repeats, gen)
+            + deform_conv_cases((2, 32, 25, 42), 32, device, repeats, gen)
         )
     return (
         nms_cases([1000, 5000, 20000, 100000], [0.5, 0.7], device, repeats, gen)
@@ -248,6 +295,8 @@ def build_cases(device, repeats, quick, seed=0):
             (2, 256, 200, 336), [(1000, 7, 2), (1000, 7, 0), (100, 14, 2)], device, repeats, gen
         )
         + roi_pool_cases((2, 256, 200, 336), [(1000, 7)], device, repeats, gen)
+        # ResNet-50 res4 at 800x1344 / 16: the deformable 3x3 of a bottleneck block.
+        + deform_conv_cases((2, 256, 50, 84), 256, device, repeats, gen)
     )
 
 

@@ -54,6 +54,28 @@ at::Tensor batched_nms_autocast(
       at::autocast::cached_cast(at::kFloat, scores, device), idxs, iou_threshold);
 }
 
+c10::optional<at::Tensor> cast_optional(
+    const c10::optional<at::Tensor>& t, c10::DeviceType device) {
+  if (!t.has_value() || !t->defined()) return c10::nullopt;
+  return at::autocast::cached_cast(at::kFloat, *t, device);
+}
+
+template <c10::DispatchKey key, c10::DeviceType device>
+at::Tensor deform_conv2d_autocast(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
+    const c10::optional<at::Tensor>& mask, const c10::optional<at::Tensor>& bias,
+    int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
+    int64_t dilation_w, int64_t groups, int64_t offset_groups) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
+  return call_deform_conv2d(
+             at::autocast::cached_cast(at::kFloat, input, device),
+             at::autocast::cached_cast(at::kFloat, weight, device),
+             at::autocast::cached_cast(at::kFloat, offset, device), cast_optional(mask, device),
+             cast_optional(bias, device), stride_h, stride_w, pad_h, pad_w, dilation_h,
+             dilation_w, groups, offset_groups)
+      .to(input.scalar_type());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(detcore, Autocast, m) {
@@ -63,6 +85,7 @@ TORCH_LIBRARY_IMPL(detcore, Autocast, m) {
   m.impl("roi_pool", TORCH_FN((roi_pool_autocast<key, dev>)));
   m.impl("nms", TORCH_FN((nms_autocast<key, dev>)));
   m.impl("batched_nms", TORCH_FN((batched_nms_autocast<key, dev>)));
+  m.impl("deform_conv2d", TORCH_FN((deform_conv2d_autocast<key, dev>)));
 }
 
 TORCH_LIBRARY_IMPL(detcore, AutocastCPU, m) {
@@ -72,6 +95,7 @@ TORCH_LIBRARY_IMPL(detcore, AutocastCPU, m) {
   m.impl("roi_pool", TORCH_FN((roi_pool_autocast<key, dev>)));
   m.impl("nms", TORCH_FN((nms_autocast<key, dev>)));
   m.impl("batched_nms", TORCH_FN((batched_nms_autocast<key, dev>)));
+  m.impl("deform_conv2d", TORCH_FN((deform_conv2d_autocast<key, dev>)));
 }
 
 }  // namespace detcore

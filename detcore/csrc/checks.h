@@ -281,4 +281,125 @@ inline void check_roi_pool_backward_inputs(
       "), got values in [", static_cast<int64_t>(v[3]), ", ", static_cast<int64_t>(v[4]), "]");
 }
 
+// Deformable convolution: the shapes of every argument against input [N, C, H, W] and weight
+// [O, C / groups, kh, kw]. Returns the output's spatial size {out_h, out_w}.
+struct DeformConvShape {
+  int64_t batch, in_channels, height, width;
+  int64_t out_channels, kernel_h, kernel_w;
+  int64_t out_h, out_w;
+};
+
+inline void check_deform_same(
+    const char* op, const char* name, const at::Tensor& t, const at::Tensor& input) {
+  DETCORE_CHECK_ARG(
+      t.scalar_type() == input.scalar_type(), op, ": ", name, " must have the dtype of input (",
+      input.scalar_type(), "), got ", t.scalar_type());
+  DETCORE_CHECK_ARG(
+      t.device() == input.device(), op, ": ", name, " must be on the device of input (",
+      input.device(), "), got ", t.device());
+}
+
+inline DeformConvShape check_deform_conv2d_inputs(
+    const char* op, const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
+    const c10::optional<at::Tensor>& mask, const c10::optional<at::Tensor>& bias,
+    int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
+    int64_t dilation_w, int64_t groups, int64_t offset_groups) {
+  DETCORE_CHECK_ARG(
+      input.dim() == 4, op, ": input must have shape [N, C, H, W], got ", input.sizes());
+  DETCORE_CHECK_ARG(
+      is_kernel_float(input.scalar_type()), op,
+      ": input must be float32, float64, float16 or bfloat16, got ", input.scalar_type());
+  DETCORE_CHECK_ARG(
+      weight.dim() == 4, op, ": weight must have shape [out_channels, in_channels / groups, ",
+      "kernel_h, kernel_w], got ", weight.sizes());
+  DETCORE_CHECK_ARG(
+      offset.dim() == 4, op, ": offset must have shape [N, 2 * offset_groups * kernel_h * ",
+      "kernel_w, out_h, out_w], got ", offset.sizes());
+  check_deform_same(op, "weight", weight, input);
+  check_deform_same(op, "offset", offset, input);
+  DETCORE_CHECK_ARG(
+      stride_h > 0 && stride_w > 0, op, ": stride must be positive, got (", stride_h, ", ",
+      stride_w, ")");
+  DETCORE_CHECK_ARG(
+      pad_h >= 0 && pad_w >= 0, op, ": padding must be non-negative, got (", pad_h, ", ", pad_w,
+      ")");
+  DETCORE_CHECK_ARG(
+      dilation_h > 0 && dilation_w > 0, op, ": dilation must be positive, got (", dilation_h,
+      ", ", dilation_w, ")");
+  DeformConvShape s{};
+  s.batch = input.size(0);
+  s.in_channels = input.size(1);
+  s.height = input.size(2);
+  s.width = input.size(3);
+  s.out_channels = weight.size(0);
+  s.kernel_h = weight.size(2);
+  s.kernel_w = weight.size(3);
+  DETCORE_CHECK_ARG(
+      s.kernel_h > 0 && s.kernel_w > 0, op, ": weight's kernel size must be positive, got ",
+      weight.sizes());
+  DETCORE_CHECK_ARG(
+      groups > 0 && weight.size(1) > 0 && s.in_channels % groups == 0 &&
+          weight.size(1) * groups == s.in_channels,
+      op, ": weight.shape[1] (", weight.size(1), ") times groups (", groups,
+      ") must equal input's channels (", s.in_channels, ")");
+  DETCORE_CHECK_ARG(
+      s.out_channels % groups == 0, op, ": weight.shape[0] (out_channels, ", s.out_channels,
+      ") must be divisible by groups (", groups, ")");
+  DETCORE_CHECK_ARG(
+      offset_groups > 0 && s.in_channels % offset_groups == 0, op,
+      ": input's channels (", s.in_channels, ") must be divisible by offset_groups (",
+      offset_groups, ")");
+  const int64_t taps = s.kernel_h * s.kernel_w;
+  s.out_h = (s.height + 2 * pad_h - (dilation_h * (s.kernel_h - 1) + 1)) / stride_h + 1;
+  s.out_w = (s.width + 2 * pad_w - (dilation_w * (s.kernel_w - 1) + 1)) / stride_w + 1;
+  DETCORE_CHECK_ARG(
+      s.height + 2 * pad_h >= dilation_h * (s.kernel_h - 1) + 1 &&
+          s.width + 2 * pad_w >= dilation_w * (s.kernel_w - 1) + 1 && s.out_h > 0 &&
+          s.out_w > 0,
+      op, ": the output would be empty: input ", s.height, "x", s.width, " with padding (", pad_h,
+      ", ", pad_w, "), dilation (", dilation_h, ", ", dilation_w, ") and a ", s.kernel_h, "x",
+      s.kernel_w, " kernel");
+  DETCORE_CHECK_ARG(
+      offset.size(0) == s.batch && offset.size(1) == 2 * offset_groups * taps &&
+          offset.size(2) == s.out_h && offset.size(3) == s.out_w,
+      op, ": offset must have shape [", s.batch, ", ", 2 * offset_groups * taps, ", ", s.out_h,
+      ", ", s.out_w, "] (N, 2 * offset_groups * kernel_h * kernel_w, out_h, out_w), got ",
+      offset.sizes());
+  if (mask.has_value() && mask->defined()) {
+    check_deform_same(op, "mask", *mask, input);
+    DETCORE_CHECK_ARG(
+        mask->dim() == 4 && mask->size(0) == s.batch && mask->size(1) == offset_groups * taps &&
+            mask->size(2) == s.out_h && mask->size(3) == s.out_w,
+        op, ": mask must have shape [", s.batch, ", ", offset_groups * taps, ", ", s.out_h, ", ",
+        s.out_w, "] (N, offset_groups * kernel_h * kernel_w, out_h, out_w), got ",
+        mask->sizes());
+  }
+  if (bias.has_value() && bias->defined()) {
+    check_deform_same(op, "bias", *bias, input);
+    DETCORE_CHECK_ARG(
+        bias->dim() == 1 && bias->size(0) == s.out_channels, op, ": bias must have shape [",
+        s.out_channels, "] (out_channels), got ", bias->sizes());
+  }
+  return s;
+}
+
+inline DeformConvShape check_deform_conv2d_backward_inputs(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+    const at::Tensor& offset, const c10::optional<at::Tensor>& mask,
+    const c10::optional<at::Tensor>& bias, int64_t stride_h, int64_t stride_w, int64_t pad_h,
+    int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
+    int64_t offset_groups) {
+  const char* op = "deform_conv2d backward";
+  const DeformConvShape s = check_deform_conv2d_inputs(
+      op, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
+      dilation_w, groups, offset_groups);
+  DETCORE_CHECK_ARG(
+      grad.dim() == 4 && grad.size(0) == s.batch && grad.size(1) == s.out_channels &&
+          grad.size(2) == s.out_h && grad.size(3) == s.out_w,
+      op, ": grad must have shape [", s.batch, ", ", s.out_channels, ", ", s.out_h, ", ", s.out_w,
+      "], got ", grad.sizes());
+  check_deform_same(op, "grad", grad, input);
+  return s;
+}
+
 }  // namespace detcore

@@ -75,4 +75,41 @@ inline at::Tensor call_roi_pool_backward(
       height, width);
 }
 
+inline at::Tensor call_deform_conv2d(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
+    const c10::optional<at::Tensor>& mask, const c10::optional<at::Tensor>& bias,
+    int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
+    int64_t dilation_w, int64_t groups, int64_t offset_groups) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("detcore::deform_conv2d", "")
+                       .typed<at::Tensor(
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&,
+                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           int64_t)>();
+  return op.call(
+      input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+      groups, offset_groups);
+}
+
+// -> (grad_input, grad_weight, grad_offset, grad_mask, grad_bias)
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+call_deform_conv2d_backward(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+    const at::Tensor& offset, const c10::optional<at::Tensor>& mask,
+    const c10::optional<at::Tensor>& bias, int64_t stride_h, int64_t stride_w, int64_t pad_h,
+    int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups,
+    int64_t offset_groups) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("detcore::_deform_conv2d_backward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&, int64_t,
+              int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t)>();
+  return op.call(
+      grad, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
+      dilation_w, groups, offset_groups);
+}
+
 }  // namespace detcore

@@ -30,6 +30,20 @@ TORCH_LIBRARY(detcore, m) {
       "_roi_pool_backward(Tensor grad, Tensor rois, Tensor argmax, float spatial_scale, "
       "int pooled_height, int pooled_width, SymInt batch_size, SymInt channels, SymInt height, "
       "SymInt width) -> Tensor");  // symbolic input shape: see _roi_align_backward
+
+  // Deformable convolution (v1; v2 "modulated" with a mask), torchvision's semantics. groups and
+  // offset_groups are explicit (the Python wrapper infers them from the shapes, as torchvision).
+  m.def(
+      "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor? mask, Tensor? bias, "
+      "int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, "
+      "int groups, int offset_groups) -> Tensor");
+  // -> (grad_input, grad_weight, grad_offset, grad_mask, grad_bias); grad_mask is empty ([0])
+  // without a mask, grad_bias is [out_channels] with or without a bias.
+  m.def(
+      "_deform_conv2d_backward(Tensor grad, Tensor input, Tensor weight, Tensor offset, "
+      "Tensor? mask, Tensor? bias, int stride_h, int stride_w, int pad_h, int pad_w, "
+      "int dilation_h, int dilation_w, int groups, int offset_groups) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   // What this binary was built with, for collect_env and for clear errors.
   m.def("_cuda_version() -> int", &cuda_version);
   m.def("_cuda_arch_list() -> str", &cuda_arch_list);

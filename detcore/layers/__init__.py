@@ -1,10 +1,11 @@
-"""detcore's layers: the compiled ops (NMS, ROIAlign, ROIPool) and the model's building blocks.
+"""detcore's layers: the compiled ops (NMS, ROIAlign, ROIPool, deformable convolution) and the model's building blocks.
 
 The ops need only torch and detcore._C at run time (no torchvision).
 """
 from ._extension import OpArgumentError
 from .batch_norm import FrozenBatchNorm2d, get_norm
 from .conv import Conv2d, c2_msra_fill, c2_xavier_fill
+from .deform_conv import DeformConv2d, deform_conv2d
 from .nms import batched_nms, nms
 from .roi_align import ROIAlign, RoIAlign, roi_align
 from .roi_pool import ROIPool, RoIPool, roi_pool
@@ -20,6 +21,8 @@ __all__ = [
     "roi_pool",
     "ROIPool",
     "RoIPool",
+    "deform_conv2d",
+    "DeformConv2d",
     "FrozenBatchNorm2d",
     "get_norm",
     "Conv2d",

@@ -105,3 +105,34 @@ if _loaded:
         grad, rois, argmax, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
     ):
         return grad.new_empty((batch_size, channels, height, width))
+
+    def _deform_conv2d_out_size(input, weight, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w):
+        out_h = (input.size(2) + 2 * pad_h - (dilation_h * (weight.size(2) - 1) + 1)) // stride_h + 1
+        out_w = (input.size(3) + 2 * pad_w - (dilation_w * (weight.size(3) - 1) + 1)) // stride_w + 1
+        return out_h, out_w
+
+    @torch.library.register_fake("detcore::deform_conv2d")
+    def _deform_conv2d_fake(
+        input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
+        groups, offset_groups,
+    ):
+        torch._check(input.dim() == 4, lambda: "deform_conv2d: input must be [N, C, H, W]")
+        torch._check(weight.dim() == 4, lambda: "deform_conv2d: weight must be [O, C / groups, kh, kw]")
+        out_h, out_w = _deform_conv2d_out_size(
+            input, weight, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w
+        )
+        return input.new_empty((input.size(0), weight.size(0), out_h, out_w))
+
+    @torch.library.register_fake("detcore::_deform_conv2d_backward")
+    def _deform_conv2d_backward_fake(
+        grad, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
+        dilation_w, groups, offset_groups,
+    ):
+        grad_mask = mask.new_empty(mask.shape) if mask is not None else input.new_empty((0,))
+        return (
+            input.new_empty(input.shape),
+            weight.new_empty(weight.shape),
+            offset.new_empty(offset.shape),
+            grad_mask,
+            input.new_empty((weight.size(0),)),
+        )

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from detcore.layers import batched_nms, nms, roi_align, roi_pool
+from detcore.layers import batched_nms, deform_conv2d, nms, roi_align, roi_pool
 from detcore.layers import _extension
 
 try:
@@ -267,3 +267,66 @@ def test_roi_pool_cuda_bad_input_names_the_argument():
     rois[3, 0] = 2  # the batch has 2 images
     with pytest.raises(ValueError, match="rois"):
         roi_pool(features.cuda(), rois.cuda(), 2, 1 / 32)
+# ---------------------------------------------------------------------------- deform_conv2d
+
+
+def _deform_inputs(seed, dtype, with_mask, batch=2):
+    """A grouped, offset-grouped, strided and dilated deformable conv; many samples off the map."""
+    g = _gen(seed)
+    x = torch.randn(batch, 8, 13, 15, generator=g)
+    weight = torch.randn(6, 4, 3, 2, generator=g) / 5
+    bias = torch.randn(6, generator=g)
+    offset = torch.randn(batch, 2 * 2 * 6, 7, 14, generator=g) * 2.5
+    mask = torch.rand(batch, 2 * 6, 7, 14, generator=g) if with_mask else None
+    kwargs = dict(stride=(2, 1), padding=(1, 0), dilation=(1, 1))
+    cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
+    return [cast(t) for t in (x, offset, weight, bias, mask)], kwargs
+
+
+def _deform_value_and_grads(tensors, kwargs, grad_out):
+    leaves = [t.detach().clone().requires_grad_(True) if t is not None else None for t in tensors]
+    x, offset, weight, bias, mask = leaves
+    out = deform_conv2d(x, offset, weight, bias, mask=mask, **kwargs)
+    grads = torch.autograd.grad(out, [t for t in leaves if t is not None], grad_out.to(out))
+    return [out.detach(), *grads]
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_deform_conv2d_cuda_equals_cpu(dtype, with_mask):
+    tensors, kwargs = _deform_inputs(20, dtype, with_mask)
+    grad_out = torch.randn(2, 6, 7, 14, generator=_gen(21)).to(dtype)
+    cpu = [t.to(_cpu_dtype(dtype)) if t is not None else None for t in tensors]
+    expected = _deform_value_and_grads(cpu, kwargs, grad_out.to(_cpu_dtype(dtype)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the backward's non-determinism notice, if enabled
+        got = _deform_value_and_grads([t.cuda() if t is not None else None for t in tensors], kwargs, grad_out.cuda())
+    for a, b in zip(got, expected):
+        assert a.dtype == dtype and a.is_cuda
+        torch.testing.assert_close(a.cpu().to(b.dtype), b, **ROI_TOL[dtype])
+
+
+def test_deform_conv2d_cuda_empty_batch_and_non_contiguous():
+    tensors, kwargs = _deform_inputs(22, torch.float32, True)
+    x, offset, weight, bias, mask = tensors
+    expected = deform_conv2d(x, offset, weight, bias, mask=mask, **kwargs)
+    xt = x.cuda().transpose(2, 3).contiguous().transpose(2, 3)
+    got = deform_conv2d(xt, offset.cuda(), weight.cuda(), bias.cuda(), mask=mask.cuda()[:, :], **kwargs)
+    torch.testing.assert_close(got.cpu(), expected, **ROI_TOL[torch.float32])
+    empty, _ = _deform_inputs(23, torch.float32, True, batch=0)
+    out = deform_conv2d(*[t.cuda() for t in empty[:4]], mask=empty[4].cuda(), **kwargs)
+    assert out.shape == (0, 6, 7, 14)
+
+
+def test_deform_conv2d_cuda_backward_alerts_nondeterminism():
+    """col2im adds with atomics in arrival order, so deterministic mode refuses it."""
+    tensors, kwargs = _deform_inputs(24, torch.float32, True)
+    x, offset, weight, bias, mask = [t.cuda() for t in tensors]
+    out = deform_conv2d(x.requires_grad_(True), offset, weight, bias, mask=mask, **kwargs)
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(RuntimeError, match="deform_conv2d_backward_cuda"):
+            out.sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)

@@ -27,7 +27,11 @@ def _detection_inputs(seed=0, n=400):
 
 
 @pytest.mark.parametrize(
-    "name", ["nms", "batched_nms", "roi_align", "_roi_align_backward", "roi_pool", "_roi_pool_backward"]
+    "name",
+    [
+        "nms", "batched_nms", "roi_align", "_roi_align_backward", "roi_pool", "_roi_pool_backward",
+        "deform_conv2d", "_deform_conv2d_backward",
+    ],
 )
 def test_ops_are_registered(name):
     op = getattr(torch.ops.detcore, name)

@@ -58,4 +58,13 @@ constexpr unsigned int roi_pool_blocks(int64_t total, int64_t max_blocks = kMaxB
   return static_cast<unsigned int>(blocks < max_blocks ? blocks : max_blocks);
 }
 
+// --- deform_conv2d --------------------------------------------------------------------------
+constexpr int kDeformConvThreads = 256;  // one thread per column entry, input channel, or tap
+
+// Blocks for `total` threads' worth of work (im2col, col2im, coordinate gradients).
+constexpr unsigned int deform_conv2d_blocks(int64_t total, int64_t max_blocks = kMaxBlocks) {
+  const int64_t blocks = (total + kDeformConvThreads - 1) / kDeformConvThreads;
+  return static_cast<unsigned int>(blocks < max_blocks ? blocks : max_blocks);
+}
+
 }  // namespace detcore

@@ -1,0 +1,96 @@
+// torch.ops.detcore_emulated.deform_conv2d* : detcore's CUDA deform_conv2d kernels
+// (deform_conv2d_kernels.cuh) run by the CUDA emulation on CPU tensors, through the launcher's
+// own host sequence (deform_conv2d_launch.h) with the launcher's grid (launch_config.h). The
+// grid limit is an argument, defaulting to the real one.
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+
+#include "cuda_emulation.h"
+#include "detcore/csrc/cuda/deform_conv2d_launch.h"
+#include "detcore/csrc/cuda/launch_config.h"
+
+namespace {
+
+using detcore::DeformConvArguments;
+
+struct EmulatedLaunch {
+  int64_t max_blocks;
+  template <typename Kernel, typename... Args>
+  void operator()(int64_t total, Kernel kernel, Args... args) const {
+    if (total == 0) return;
+    cuda_emulation::launch(
+        dim3(detcore::deform_conv2d_blocks(total, max_blocks)), dim3(detcore::kDeformConvThreads),
+        0, kernel, args...);
+  }
+};
+
+at::Tensor deform_conv2d(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
+    const c10::optional<at::Tensor>& mask, const c10::optional<at::Tensor>& bias,
+    int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h,
+    int64_t dilation_w, int64_t groups, int64_t offset_groups, int64_t max_blocks) {
+  const DeformConvArguments a{stride_h, stride_w, pad_h, pad_w,
+                              dilation_h, dilation_w, groups, offset_groups};
+  at::Tensor out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_conv2d", [&] {
+    out = detcore::deform_conv2d_forward_launch<scalar_t>(
+        input, weight, offset, mask, bias, a, EmulatedLaunch{max_blocks});
+  });
+  return out;
+}
+
+at::Tensor deform_conv2d_columns(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
+    const c10::optional<at::Tensor>& mask, int64_t stride_h, int64_t stride_w, int64_t pad_h,
+    int64_t pad_w, int64_t dilation_h, int64_t dilation_w, int64_t groups, int64_t offset_groups,
+    int64_t max_blocks) {
+  const DeformConvArguments a{stride_h, stride_w, pad_h, pad_w,
+                              dilation_h, dilation_w, groups, offset_groups};
+  at::Tensor columns;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_columns", [&] {
+    columns = detcore::deform_conv2d_columns<scalar_t>(
+        input, weight, offset, mask, a, EmulatedLaunch{max_blocks});
+  });
+  return columns;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_conv2d_backward(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+    const at::Tensor& offset, const c10::optional<at::Tensor>& mask, int64_t stride_h,
+    int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dilation_h, int64_t dilation_w,
+    int64_t groups, int64_t offset_groups, int64_t max_blocks) {
+  const DeformConvArguments a{stride_h, stride_w, pad_h, pad_w,
+                              dilation_h, dilation_w, groups, offset_groups};
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> grads;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_backward", [&] {
+    grads = detcore::deform_conv2d_backward_launch<scalar_t>(
+        grad, input, weight, offset, mask, a, EmulatedLaunch{max_blocks});
+  });
+  return grads;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(detcore_emulated, m) {
+  const std::string limit = "int max_blocks=" + std::to_string(detcore::kMaxBlocks);
+  const std::string geometry =
+      "int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, "
+      "int groups, int offset_groups, ";
+  m.def(
+      ("deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor? mask, Tensor? bias, " +
+       geometry + limit + ") -> Tensor").c_str(),
+      &deform_conv2d);
+  m.def(
+      ("deform_conv2d_columns(Tensor input, Tensor weight, Tensor offset, Tensor? mask, " +
+       geometry + limit + ") -> Tensor").c_str(),
+      &deform_conv2d_columns);
+  m.def(
+      ("deform_conv2d_backward(Tensor grad, Tensor input, Tensor weight, Tensor offset, "
+       "Tensor? mask, " + geometry + limit +
+       ") -> (Tensor, Tensor, Tensor, Tensor, Tensor)").c_str(),
+      &deform_conv2d_backward);
+}
