@@ -69,6 +69,13 @@ _C.MODEL.RESNETS.STEM_OUT_CHANNELS = 64
 _C.MODEL.RESNETS.RES2_OUT_CHANNELS = 256
 # Dilation of the last stage: 1 (output stride 32) or 2 (output stride 16, a larger map).
 _C.MODEL.RESNETS.RES5_DILATION = 1
+# Deformable 3x3 convs (DCN) in the bottlenecks of each stage res2, res3, res4, res5: four
+# bools, e.g. [False, True, True, True] for maskrcnn-benchmark's "dconv c3-c5". Depth >= 50 only.
+_C.MODEL.RESNETS.DEFORM_ON_PER_STAGE = [False, False, False, False]
+# True: modulated deformable convs (DCN v2, offsets and masks); False: DCN v1 (offsets).
+_C.MODEL.RESNETS.DEFORM_MODULATED = False
+# Deformable groups (sets of offsets) per deformable conv; >= 1.
+_C.MODEL.RESNETS.DEFORM_NUM_GROUPS = 1
 
 _C.MODEL.FPN = CN()
 # Backbone body outputs the FPN reads, finest first.

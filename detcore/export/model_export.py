@@ -67,6 +67,12 @@ def export_model(
     """
     if fmt not in FORMATS:
         raise ValueError(f"export_model: format must be one of {FORMATS}, got {fmt!r}")
+    if fmt == "onnx" and any(cfg.MODEL.RESNETS.DEFORM_ON_PER_STAGE):
+        # detcore's deform_conv2d has no ONNX translation yet (ONNX's DeformConv is opset 19).
+        raise ValueError(
+            "export_model: MODEL.RESNETS.DEFORM_ON_PER_STAGE puts deformable convs in the model, which "
+            "cannot be exported to ONNX yet; export it as exported_program, or without deformable stages"
+        )
     detector = ExportableDetector(model, input_layout, batch_size)
     image = sample_image if sample_image is not None else _example_image(cfg, input_layout)
     expected_channels_axis = -1 if input_layout == "HWC" else 0

@@ -227,3 +227,11 @@ def test_every_config_of_the_zoo_exports(config):
     assert len(got) == len(expected) and len(expected[0]) > 0
     for ours, theirs in zip(got, expected):
         assert ours.shape == theirs.shape and torch.allclose(ours.float(), theirs.float(), rtol=1e-3, atol=1e-3)
+
+
+def test_what_onnx_cannot_take_is_named_before_tracing(tmp_path):
+    cfg = get_cfg()
+    cfg.merge_from_file(os.path.join(ROOT, "configs", "e2e_mask_rcnn_dconv_R_50_FPN_1x.yaml"))
+    with pytest.raises(ValueError, match="MODEL.RESNETS.DEFORM_ON_PER_STAGE"):
+        detcore.export.export_model(cfg, None, "onnx", str(tmp_path))
+    assert not os.listdir(tmp_path)

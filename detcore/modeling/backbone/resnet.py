@@ -16,6 +16,12 @@ Each norm key holds weight, bias, running_mean, running_var (FrozenBatchNorm2d h
 keys as nn.BatchNorm2d). Where no norm is used (norm=""), the `bn*` slots are nn.Identity (no
 keys) and the convs get a bias instead.
 
+`deform_on_per_stage` makes the 3×3 conv of every bottleneck in the chosen stages a deformable
+convolution (DCN, Dai et al. 2017; with `deform_modulated`, DCN v2's masks, Zhu et al. 2019), as
+maskrcnn-benchmark and detectron2 have: a plain 3×3 conv (`conv2_offset`, initialized to zero, so
+a new model starts as the ordinary ResNet) predicts the sampling offsets (and masks) from the
+block's input. The deformable conv keeps the name and shape of `conv2`, so ImageNet weights load.
+
 `stride_in_1x1` picks where a stage's first block downsamples: on its first 1×1 conv (the
 original MSRA / caffe2 models, detectron2's MSRA weights) or on the 3×3 conv (torchvision,
 "ResNet v1.5"). The two give different functions from the same weights, so it must match the
@@ -27,6 +33,7 @@ from torch.nn import functional as F
 from detcore.config.choices import FREEZE_AT_STAGES, RES5_DILATIONS, RESNET_DEPTHS, RESNET_OUT_FEATURES
 from detcore.layers.batch_norm import FrozenBatchNorm2d, get_norm
 from detcore.layers.conv import c2_msra_fill, conv_norm
+from detcore.layers.deform_conv import DeformConv2d
 
 from .backbone import Backbone
 from .build import BACKBONE_REGISTRY
@@ -119,20 +126,37 @@ class BottleneckBlock(nn.Module):
         norm="FrozenBN",
         stride_in_1x1=False,
         dilation=1,
+        deform=False,
+        deform_modulated=False,
+        deform_num_groups=1,
     ):
         super().__init__()
         stride_1x1, stride_3x3 = (stride, 1) if stride_in_1x1 else (1, stride)
         self.conv1 = _conv(in_channels, bottleneck_channels, 1, norm, stride=stride_1x1)
         self.bn1 = _norm_or_identity(norm, bottleneck_channels)
-        self.conv2 = _conv(
-            bottleneck_channels,
-            bottleneck_channels,
-            3,
-            norm,
-            stride=stride_3x3,
-            dilation=dilation,
-            groups=num_groups,
-        )
+        self.deform_modulated = bool(deform_modulated)
+        self.conv2_offset = None
+        if deform:
+            # Per deformable group and 3x3 tap: (dy, dx), and with DCN v2 a mask logit.
+            per_tap = 3 if deform_modulated else 2
+            self.conv2_offset = nn.Conv2d(
+                bottleneck_channels, deform_num_groups * per_tap * 9, 3,
+                stride=stride_3x3, padding=dilation, dilation=dilation,
+            )
+            self.conv2 = DeformConv2d(
+                bottleneck_channels, bottleneck_channels, 3, stride=stride_3x3, padding=dilation,
+                dilation=dilation, groups=num_groups, bias=not norm,
+            )
+        else:
+            self.conv2 = _conv(
+                bottleneck_channels,
+                bottleneck_channels,
+                3,
+                norm,
+                stride=stride_3x3,
+                dilation=dilation,
+                groups=num_groups,
+            )
         self.bn2 = _norm_or_identity(norm, bottleneck_channels)
         self.conv3 = _conv(bottleneck_channels, out_channels, 1, norm)
         self.bn3 = _norm_or_identity(norm, out_channels)
@@ -147,10 +171,26 @@ class BottleneckBlock(nn.Module):
     def forward(self, x):
         # conv_norm folds FrozenBN into the convs; the adds and ReLUs work in place.
         out = F.relu_(conv_norm(self.conv1, self.bn1, x))
-        out = F.relu_(conv_norm(self.conv2, self.bn2, out))
+        if self.conv2_offset is None:
+            out = F.relu_(conv_norm(self.conv2, self.bn2, out))
+        else:
+            out = F.relu_(self.bn2(self._deformable_conv2(out)))
         out = conv_norm(self.conv3, self.bn3, out)
         out += _shortcut(self, x)
         return F.relu_(out)
+
+    def _deformable_conv2(self, x):
+        offset = self.conv2_offset(x)
+        if not self.deform_modulated:
+            return self.conv2(x, offset)
+        num_offsets = offset.shape[1] * 2 // 3  # (dy, dx) channels first, then the masks
+        return self.conv2(x, offset[:, :num_offsets], offset[:, num_offsets:].sigmoid())
+
+    def zero_init_offsets(self):
+        """Offsets 0 (and masks sigmoid(0)): the deformable conv starts as the plain 3x3 conv."""
+        if self.conv2_offset is not None:
+            nn.init.zeros_(self.conv2_offset.weight)
+            nn.init.zeros_(self.conv2_offset.bias)
 
 
 class BasicStem(nn.Module):
@@ -186,6 +226,10 @@ class ResNet(Backbone):
         stride_in_1x1: downsample on the 1×1 conv (MSRA/caffe2) instead of the 3×3 (torchvision).
         norm: "FrozenBN", "BN", "SyncBN", "GN", "" (none) or a callable channels → module.
         res5_dilation: 1, or 2 to keep res5 at stride 16 with dilated 3×3 convs.
+        deform_on_per_stage: four bools (res2..res5): deformable 3x3 convs in that stage's
+            bottlenecks (bottleneck depths only).
+        deform_modulated: DCN v2 (offsets and masks) instead of v1 (offsets).
+        deform_num_groups: deformable groups (offset sets) of each deformable conv.
         freeze_at: 0 freezes nothing, 1 the stem, k >= 2 the stem and res2..res{k}. Frozen
             parts get requires_grad=False and their batch norms become FrozenBatchNorm2d.
         zero_init_residual: start the last norm of each block at weight 0, so every residual
@@ -205,10 +249,26 @@ class ResNet(Backbone):
         stride_in_1x1=False,
         norm="FrozenBN",
         res5_dilation=1,
+        deform_on_per_stage=(False, False, False, False),
+        deform_modulated=False,
+        deform_num_groups=1,
         freeze_at=0,
         zero_init_residual=False,
     ):
         super().__init__()
+        deform_on_per_stage = [bool(d) for d in deform_on_per_stage]
+        if len(deform_on_per_stage) != 4:
+            raise ValueError(
+                f"ResNet: deform_on_per_stage (MODEL.RESNETS.DEFORM_ON_PER_STAGE) needs one bool per "
+                f"stage res2..res5, got {len(deform_on_per_stage)} values"
+            )
+        if any(deform_on_per_stage) and depth in (18, 34):
+            raise ValueError(
+                f"ResNet-{depth}: deformable convs (MODEL.RESNETS.DEFORM_ON_PER_STAGE) need bottleneck "
+                "blocks (depth 50, 101 or 152)"
+            )
+        if deform_num_groups < 1:
+            raise ValueError(f"ResNet: deform_num_groups must be >= 1, got {deform_num_groups}")
         if depth not in RESNET_DEPTHS:
             raise ValueError(f"ResNet: depth must be one of {list(RESNET_DEPTHS)}, got {depth}")
         out_features = list(out_features)
@@ -267,6 +327,9 @@ class ResNet(Backbone):
                         norm=norm,
                         stride_in_1x1=stride_in_1x1,
                         dilation=dilation,
+                        deform=deform_on_per_stage[i],
+                        deform_modulated=deform_modulated,
+                        deform_num_groups=deform_num_groups,
                     )
                 blocks.append(block)
                 channels = out_channels
@@ -295,13 +358,19 @@ class ResNet(Backbone):
             "stride_in_1x1": r.STRIDE_IN_1X1,
             "norm": r.NORM,
             "res5_dilation": r.RES5_DILATION,
+            "deform_on_per_stage": r.DEFORM_ON_PER_STAGE,
+            "deform_modulated": r.DEFORM_MODULATED,
+            "deform_num_groups": r.DEFORM_NUM_GROUPS,
             "freeze_at": cfg.MODEL.BACKBONE.FREEZE_AT,
         }
 
     def _init_weights(self, zero_init_residual):
         for module in self.modules():
-            if isinstance(module, nn.Conv2d):
+            if isinstance(module, (nn.Conv2d, DeformConv2d)):
                 c2_msra_fill(module)
+        for module in self.modules():  # after the fill, which would reach the offset convs too
+            if isinstance(module, BottleneckBlock):
+                module.zero_init_offsets()
         if zero_init_residual:
             for name in self.stage_names:
                 for block in getattr(self, name):
