@@ -2,7 +2,7 @@
 
 Written so that TorchScript can compile it (torch.jit.script), like torchvision's.
 """
-from typing import List, Union
+from typing import List, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +33,25 @@ def convert_boxes_to_roi_format(boxes: List[Tensor]) -> Tensor:
     return torch.cat([index, concat], dim=1)
 
 
+def rois_and_output_size(boxes: Union[Tensor, List[Tensor]], size: List[int], op: str) -> Tuple[Tensor, List[int]]:
+    """A pooling op's boxes as rois Tensor[K, 5] and its output size as (height, width), checked
+    with errors that name the op (roi_align, roi_pool)."""
+    if isinstance(boxes, Tensor):
+        rois = boxes
+    else:
+        if not torch.jit.is_scripting():
+            _check_box_list(boxes, op)
+        rois = convert_boxes_to_roi_format(boxes)
+    if rois.dim() != 2 or rois.size(1) != 5:
+        raise OpArgumentError(
+            op + ": boxes must be a Tensor[K, 5] (batch_index, x1, y1, x2, y2) or a list of "
+            "Tensor[L, 4], got a tensor of shape " + str(rois.shape)
+        )
+    if len(size) != 2:
+        raise OpArgumentError(op + ": output_size must be an int or (height, width), got " + str(size))
+    return rois, size
+
+
 def roi_align(
     input: Tensor,
     boxes: Union[Tensor, List[Tensor]],
@@ -57,18 +76,7 @@ def roi_align(
     """
     if not torch.jit.is_scripting():  # TorchScript cannot read the loader's state
         ensure_loaded()
-    if isinstance(boxes, Tensor):
-        rois = boxes
-    else:
-        rois = convert_boxes_to_roi_format(boxes)
-    if rois.dim() != 2 or rois.size(1) != 5:
-        raise OpArgumentError(
-            "roi_align: boxes must be a Tensor[K, 5] (batch_index, x1, y1, x2, y2) or a list of "
-            "Tensor[L, 4], got a tensor of shape " + str(rois.shape)
-        )
-    size = _pair(output_size)
-    if len(size) != 2:
-        raise OpArgumentError("roi_align: output_size must be an int or (height, width), got " + str(size))
+    rois, size = rois_and_output_size(boxes, _pair(output_size), "roi_align")
     return torch.ops.detcore.roi_align(
         input, rois, float(spatial_scale), size[0], size[1], int(sampling_ratio), bool(aligned)
     )

@@ -10,8 +10,8 @@ from torch import Tensor, nn
 from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
-from ._extension import OpArgumentError, ensure_loaded
-from .roi_align import _check_box_list, convert_boxes_to_roi_format
+from ._extension import ensure_loaded
+from .roi_align import rois_and_output_size
 
 
 def roi_pool(
@@ -39,20 +39,7 @@ def roi_pool(
     """
     if not torch.jit.is_scripting():  # TorchScript cannot read the loader's state
         ensure_loaded()
-    if isinstance(boxes, Tensor):
-        rois = boxes
-    else:
-        if not torch.jit.is_scripting():
-            _check_box_list(boxes, "roi_pool")
-        rois = convert_boxes_to_roi_format(boxes)
-    if rois.dim() != 2 or rois.size(1) != 5:
-        raise OpArgumentError(
-            "roi_pool: boxes must be a Tensor[K, 5] (batch_index, x1, y1, x2, y2) or a list of "
-            "Tensor[L, 4], got a tensor of shape " + str(rois.shape)
-        )
-    size = _pair(output_size)
-    if len(size) != 2:
-        raise OpArgumentError("roi_pool: output_size must be an int or (height, width), got " + str(size))
+    rois, size = rois_and_output_size(boxes, _pair(output_size), "roi_pool")
     output, _ = torch.ops.detcore.roi_pool(input, rois, float(spatial_scale), size[0], size[1])
     return output
 

@@ -162,3 +162,17 @@ CUDA_VS_CPU_TOLERANCE = {
     torch.float16: dict(atol=5e-3, rtol=5e-3),
     torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
 }
+
+# The dtypes the CUDA kernels take, each compared under the CUDA emulation with the CPU kernel.
+EMULATED_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def seeded(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def in_cpu_dtype(t):
+    """t as the CPU kernels compute it: half and bfloat16 upcast (exactly) to float32 (None stays)."""
+    if t is None:
+        return None
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()

@@ -20,34 +20,23 @@ import detcore.layers  # noqa: F401  (loads torch.ops.detcore)
 
 try:
     from . import cuda_emulation
-    from .reference_ops import CUDA_VS_CPU_TOLERANCE, distinct_scores, iou_one_to_many, random_boxes
+    from .reference_ops import CUDA_VS_CPU_TOLERANCE, EMULATED_DTYPES, in_cpu_dtype, seeded, distinct_scores, iou_one_to_many, random_boxes
 except ImportError:  # tests/ run as rootdir-relative modules, without packages
     import cuda_emulation
-    from reference_ops import CUDA_VS_CPU_TOLERANCE, distinct_scores, iou_one_to_many, random_boxes
+    from reference_ops import CUDA_VS_CPU_TOLERANCE, EMULATED_DTYPES, in_cpu_dtype, seeded, distinct_scores, iou_one_to_many, random_boxes
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+DTYPES = EMULATED_DTYPES
 TOL = CUDA_VS_CPU_TOLERANCE
 NMS_SIZES = [0, 1, 63, 64, 65, 129]  # across the 64-bit mask words
 MAX_SHARED_WORDS = (48 * 1024 - 1024) // 8  # launch_config.h's kMaxSharedWords
 
 
-@pytest.fixture(scope="module")
-def emu():
-    return cuda_emulation.load()
 
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _cpu(t):
-    """The CPU kernels' dtype for t: half and bfloat16 upcast (exactly) to float32."""
-    return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
 def _crowded_boxes(n, seed, dtype):
     """Boxes in a small area, so that many overlap near any threshold."""
-    g = _gen(seed)
+    g = seeded(seed)
     return random_boxes(n, g, xy_max=150.0, wh_range=(5.0, 80.0)).to(dtype), g
 
 
@@ -61,7 +50,7 @@ def test_nms_equals_cpu(emu, n, dtype, iou_threshold):
     boxes, g = _crowded_boxes(n, n, dtype)
     scores = distinct_scores(n, g, torch.float64).to(dtype)  # half rounding makes some ties
     got = emu.nms(boxes, scores, None, iou_threshold)
-    assert torch.equal(got, torch.ops.detcore.nms(_cpu(boxes), _cpu(scores), iou_threshold))
+    assert torch.equal(got, torch.ops.detcore.nms(in_cpu_dtype(boxes), in_cpu_dtype(scores), iou_threshold))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -71,7 +60,7 @@ def test_batched_nms_equals_cpu(emu, n, num_classes, dtype):
     scores = distinct_scores(n, g, torch.float64).to(dtype)
     idxs = torch.randint(0, num_classes, (n,), generator=g, dtype=torch.int32)
     got = emu.nms(boxes, scores, idxs, 0.5)
-    assert torch.equal(got, torch.ops.detcore.batched_nms(_cpu(boxes), _cpu(scores), idxs, 0.5))
+    assert torch.equal(got, torch.ops.detcore.batched_nms(in_cpu_dtype(boxes), in_cpu_dtype(scores), idxs, 0.5))
 
 
 def test_nms_ties_nan_and_duplicates(emu):
@@ -112,7 +101,7 @@ def _pack_words(bits):
 
 def _reference_mask(sorted_boxes, categories, threshold):
     """Bit (i, j): j ranks below i, same category, IoU in the accumulation type > threshold."""
-    boxes = _cpu(sorted_boxes)
+    boxes = in_cpu_dtype(sorted_boxes)
     n = len(boxes)
     bits = np.zeros((n, n), dtype=bool)
     for i in range(n):
@@ -193,7 +182,7 @@ def test_nms_unwrap_more_words_than_threads(emu):
 
 def _roi_inputs(seed, dtype, k=24, size=(11, 13)):
     """Rois inside, across and outside the map, some of negative or zero size."""
-    g = _gen(seed)
+    g = seeded(seed)
     height, width = size
     features = torch.randn(2, 3, height, width, generator=g)
     boxes = random_boxes(k, g, xy_max=16.0 * max(size), wh_range=(-20.0, 120.0))
@@ -205,9 +194,9 @@ def _roi_inputs(seed, dtype, k=24, size=(11, 13)):
 
 def _cpu_roi_align(features, rois, grad, *args):
     """The CPU kernel's forward and input gradient, on the upcast values for half types."""
-    x = _cpu(features).requires_grad_(True)
-    out = torch.ops.detcore.roi_align(x, _cpu(rois), *args)
-    out.backward(_cpu(grad))
+    x = in_cpu_dtype(features).requires_grad_(True)
+    out = torch.ops.detcore.roi_align(x, in_cpu_dtype(rois), *args)
+    out.backward(in_cpu_dtype(grad))
     return out.detach(), x.grad
 
 
@@ -223,14 +212,14 @@ def _backward(op, grad, rois, input_shape, args, *limit):
 def test_roi_align_equals_cpu(emu, dtype, aligned, sampling_ratio):
     features, rois = _roi_inputs(sampling_ratio + 7, dtype)
     args = (0.25, 3, 4, sampling_ratio, aligned)
-    grad = torch.randn(len(rois), 3, 3, 4, generator=_gen(1)).to(dtype)
+    grad = torch.randn(len(rois), 3, 3, 4, generator=seeded(1)).to(dtype)
     out_cpu, grad_cpu = _cpu_roi_align(features, rois, grad, *args)
 
     out = emu.roi_align(features, rois, *args)
     grad_input = _backward(emu.roi_align_backward, grad, rois, features.shape, args)
     assert out.dtype == dtype and grad_input.dtype == dtype
-    torch.testing.assert_close(_cpu(out), out_cpu, **TOL[dtype])
-    torch.testing.assert_close(_cpu(grad_input), grad_cpu, **TOL[dtype])
+    torch.testing.assert_close(in_cpu_dtype(out), out_cpu, **TOL[dtype])
+    torch.testing.assert_close(in_cpu_dtype(grad_input), grad_cpu, **TOL[dtype])
 
 
 @pytest.mark.parametrize("max_blocks", [1, 2])
@@ -238,7 +227,7 @@ def test_roi_align_more_work_than_blocks(emu, max_blocks):
     """The same results with a grid of 1 or 2 blocks for 9 blocks' work: the grid-stride loops."""
     features, rois = _roi_inputs(3, torch.float32, k=64)
     args = (0.25, 3, 4, 2, True)
-    grad = torch.randn(64, 3, 3, 4, generator=_gen(2))
+    grad = torch.randn(64, 3, 3, 4, generator=seeded(2))
     out = emu.roi_align(features, rois, *args, max_blocks)
     assert torch.equal(out, emu.roi_align(features, rois, *args))
     grad_input = _backward(emu.roi_align_backward, grad, rois, features.shape, args, max_blocks)
@@ -323,7 +312,7 @@ def _unfused_geometry(roi, scale, ph, pw, sampling_ratio, aligned):
 @pytest.mark.parametrize("scale,output,aligned", [(1 / 3, (7, 1), True), (1 / 32, (7, 7), False)])
 def test_device_geometry_with_fma_contraction(scale, output, aligned):
     """Built like nvcc builds device code (a * b + c fused), the geometry is still the CPU's."""
-    rois = random_boxes(30, _gen(9), xy_max=300.0, wh_range=(1.0, 150.0)).tolist()
+    rois = random_boxes(30, seeded(9), xy_max=300.0, wh_range=(1.0, 150.0)).tolist()
     rois.insert(0, [0.0, 13.0, 3.0, 97.0])  # the roi of the issue, 28 rows for 7 bins at 1/3
     scale = float(np.float32(scale))
     args = [str(scale), str(output[0]), str(output[1]), "0", str(int(aligned))]

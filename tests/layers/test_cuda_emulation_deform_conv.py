@@ -14,13 +14,11 @@ import torch
 import detcore.layers  # noqa: F401  (loads torch.ops.detcore)
 
 try:
-    from . import cuda_emulation
-    from .reference_ops import CUDA_VS_CPU_TOLERANCE
+    from .reference_ops import CUDA_VS_CPU_TOLERANCE, EMULATED_DTYPES, in_cpu_dtype, seeded
 except ImportError:  # tests/ run as rootdir-relative modules, without packages
-    import cuda_emulation
-    from reference_ops import CUDA_VS_CPU_TOLERANCE
+    from reference_ops import CUDA_VS_CPU_TOLERANCE, EMULATED_DTYPES, in_cpu_dtype, seeded
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+DTYPES = EMULATED_DTYPES
 TOL = CUDA_VS_CPU_TOLERANCE
 
 # (in_channels, out_channels, kernel, groups, offset_groups, stride, padding, dilation, size)
@@ -30,25 +28,12 @@ CONFIGS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def emu():
-    return cuda_emulation.load()
 
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _cpu(t):
-    """The CPU kernels' dtype for t: half and bfloat16 upcast (exactly) to float32."""
-    if t is None:
-        return None
-    return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
 def _inputs(config, seed, dtype, with_mask=True, batch=2):
     cin, cout, kernel, groups, og, stride, padding, dilation, size = config
-    g = _gen(seed)
+    g = seeded(seed)
     ho = (size[0] + 2 * padding[0] - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
     wo = (size[1] + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
     taps = kernel[0] * kernel[1]
@@ -74,9 +59,9 @@ def test_im2col_columns_equal_cpu(emu, dtype, config, with_mask, max_blocks):
     args = (*args[:6], 1, args[7])
     columns = emu.deform_conv2d_columns(x, eye.to(dtype), offset, mask, *args, max_blocks)
     expected = torch.ops.detcore.deform_conv2d(
-        _cpu(x), eye.to(_cpu(x).dtype), _cpu(offset), _cpu(mask), None, *args
+        in_cpu_dtype(x), eye.to(in_cpu_dtype(x).dtype), in_cpu_dtype(offset), in_cpu_dtype(mask), None, *args
     )
-    assert columns.dtype == _cpu(x).dtype  # accumulation type
+    assert columns.dtype == in_cpu_dtype(x).dtype  # accumulation type
     assert torch.equal(columns, expected.flatten(2))
 
 
@@ -86,9 +71,9 @@ def test_im2col_columns_equal_cpu(emu, dtype, config, with_mask, max_blocks):
 def test_forward_equals_cpu(emu, dtype, config, with_mask):
     x, weight, offset, mask, bias, args = _inputs(CONFIGS[config], 10 + config, dtype, with_mask)
     out = emu.deform_conv2d(x, weight, offset, mask, bias, *args)
-    expected = torch.ops.detcore.deform_conv2d(*map(_cpu, (x, weight, offset, mask, bias)), *args)
+    expected = torch.ops.detcore.deform_conv2d(*map(in_cpu_dtype, (x, weight, offset, mask, bias)), *args)
     assert out.dtype == dtype
-    torch.testing.assert_close(_cpu(out), expected, **TOL[dtype])
+    torch.testing.assert_close(in_cpu_dtype(out), expected, **TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -97,16 +82,16 @@ def test_forward_equals_cpu(emu, dtype, config, with_mask):
 def test_backward_equals_cpu(emu, dtype, config, with_mask):
     """col2im (input gradient), the coordinate kernel (offset, mask) and the weight/bias GEMMs."""
     x, weight, offset, mask, bias, args = _inputs(CONFIGS[config], 20 + config, dtype, with_mask)
-    out = torch.ops.detcore.deform_conv2d(*map(_cpu, (x, weight, offset, mask, bias)), *args)
-    grad = torch.randn(out.shape, generator=_gen(config)).to(dtype)
+    out = torch.ops.detcore.deform_conv2d(*map(in_cpu_dtype, (x, weight, offset, mask, bias)), *args)
+    grad = torch.randn(out.shape, generator=seeded(config)).to(dtype)
     got = emu.deform_conv2d_backward(grad, x, weight, offset, mask, *args)
     expected = torch.ops.detcore._deform_conv2d_backward(
-        _cpu(grad), *map(_cpu, (x, weight, offset, mask, bias)), *args
+        in_cpu_dtype(grad), *map(in_cpu_dtype, (x, weight, offset, mask, bias)), *args
     )
     names = ["input", "weight", "offset", "mask", "bias"]
     for name, a, b in zip(names, got, expected):
         assert a.dtype == dtype and a.shape == b.shape, name
-        torch.testing.assert_close(_cpu(a), b, **TOL[dtype], msg=lambda m: f"grad {name}: {m}")
+        torch.testing.assert_close(in_cpu_dtype(a), b, **TOL[dtype], msg=lambda m: f"grad {name}: {m}")
     if not with_mask:
         assert got[3].shape == (0,)
 
@@ -117,7 +102,7 @@ def test_more_work_than_blocks(emu, max_blocks):
     x, weight, offset, mask, bias, args = _inputs(CONFIGS[0], 30, torch.float64)
     out = emu.deform_conv2d(x, weight, offset, mask, bias, *args, max_blocks)
     assert torch.equal(out, emu.deform_conv2d(x, weight, offset, mask, bias, *args))
-    grad = torch.randn(out.shape, generator=_gen(31), dtype=torch.float64)
+    grad = torch.randn(out.shape, generator=seeded(31), dtype=torch.float64)
     got = emu.deform_conv2d_backward(grad, x, weight, offset, mask, *args, max_blocks)
     expected = torch.ops.detcore._deform_conv2d_backward(grad, x, weight, offset, mask, bias, *args)
     for a, b in zip(got, expected):

@@ -13,33 +13,20 @@ import torch
 import detcore.layers  # noqa: F401  (loads torch.ops.detcore)
 
 try:
-    from . import cuda_emulation
-    from .reference_ops import CUDA_VS_CPU_TOLERANCE, random_boxes
+    from .reference_ops import CUDA_VS_CPU_TOLERANCE, EMULATED_DTYPES, in_cpu_dtype, seeded, random_boxes
 except ImportError:  # tests/ run as rootdir-relative modules, without packages
-    import cuda_emulation
-    from reference_ops import CUDA_VS_CPU_TOLERANCE, random_boxes
+    from reference_ops import CUDA_VS_CPU_TOLERANCE, EMULATED_DTYPES, in_cpu_dtype, seeded, random_boxes
 
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+DTYPES = EMULATED_DTYPES
 TOL = CUDA_VS_CPU_TOLERANCE
 
 
-@pytest.fixture(scope="module")
-def emu():
-    return cuda_emulation.load()
 
-
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def _cpu(t):
-    """The dtype the CPU kernel computes t in: half and bfloat16 upcast (exactly) to float32."""
-    return t if t.dtype in (torch.float32, torch.float64) else t.float()
 
 
 def _inputs(seed, dtype, k=24, channels=3, size=(11, 13), ties=False):
     """Rois inside, across and outside the map, some of negative or zero size."""
-    g = _gen(seed)
+    g = seeded(seed)
     height, width = size
     if ties:  # few distinct values: the first maximum must win on both devices
         features = torch.randint(0, 3, (2, channels, height, width), generator=g).float()
@@ -55,9 +42,9 @@ def _inputs(seed, dtype, k=24, channels=3, size=(11, 13), ties=False):
 
 def _cpu_roi_pool(features, rois, grad, scale, ph, pw):
     """The CPU kernel's output, argmax and input gradient, on the upcast values for half types."""
-    x = _cpu(features).requires_grad_(True)
-    out, argmax = torch.ops.detcore.roi_pool(x, _cpu(rois), scale, ph, pw)
-    out.backward(_cpu(grad))
+    x = in_cpu_dtype(features).requires_grad_(True)
+    out, argmax = torch.ops.detcore.roi_pool(x, in_cpu_dtype(rois), scale, ph, pw)
+    out.backward(in_cpu_dtype(grad))
     return out.detach(), argmax, x.grad
 
 
@@ -72,21 +59,21 @@ def _emulated(emu, features, rois, grad, scale, ph, pw, *limit):
 @pytest.mark.parametrize("ties", [False, True])
 def test_roi_pool_equals_cpu(emu, dtype, scale, output, ties):
     features, rois = _inputs(int(scale * 10) + ties, dtype, ties=ties)
-    grad = torch.randn(len(rois), 3, *output, generator=_gen(1)).to(dtype)
+    grad = torch.randn(len(rois), 3, *output, generator=seeded(1)).to(dtype)
     out_cpu, argmax_cpu, grad_cpu = _cpu_roi_pool(features, rois, grad, scale, *output)
 
     out, argmax, grad_input = _emulated(emu, features, rois, grad, scale, *output)
     assert out.dtype == dtype and grad_input.dtype == dtype and argmax.dtype == torch.int32
     assert torch.equal(argmax, argmax_cpu)
-    assert torch.equal(_cpu(out), out_cpu.to(dtype).to(out_cpu.dtype))  # exact: a max
-    torch.testing.assert_close(_cpu(grad_input), grad_cpu, **TOL[dtype])
+    assert torch.equal(in_cpu_dtype(out), out_cpu.to(dtype).to(out_cpu.dtype))  # exact: a max
+    torch.testing.assert_close(in_cpu_dtype(grad_input), grad_cpu, **TOL[dtype])
 
 
 @pytest.mark.parametrize("max_blocks", [1, 2])
 def test_roi_pool_more_work_than_blocks(emu, max_blocks):
     """The same results with a grid of 1 or 2 blocks for 12 blocks' work: the grid-stride loops."""
     features, rois = _inputs(3, torch.float32, k=64, channels=4)
-    grad = torch.randn(64, 4, 3, 4, generator=_gen(2))
+    grad = torch.randn(64, 4, 3, 4, generator=seeded(2))
     out, argmax, grad_input = _emulated(emu, features, rois, grad, 0.5, 3, 4, max_blocks)
     out_cpu, argmax_cpu, grad_cpu = _cpu_roi_pool(features, rois, grad, 0.5, 3, 4)
     assert torch.equal(out, out_cpu) and torch.equal(argmax, argmax_cpu)
