@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -104,9 +105,27 @@ inline void check_roi_align_common(
       ": spatial_scale must be a finite number > 0, got ", spatial_scale);
 }
 
+// What every roi check needs, computed where the rois (as double, `r`) live: the smallest and
+// largest batch index and the number of non-finite values. A caller appends its own values and
+// brings them all to the host in one transfer (one sync on CUDA), then calls check_roi_summary.
+inline std::vector<at::Tensor> roi_summary(const at::Tensor& r) {
+  auto bounds = at::aminmax(r.select(1, 0));
+  return {std::get<0>(bounds), std::get<1>(bounds), (~at::isfinite(r)).sum().to(at::kDouble)};
+}
+
 // Every roi must be finite and its batch index name an image of the input (a bad one would read
-// out of bounds), and its adaptive sampling grid must stay within kMaxSamplesPerBin. Computed
-// where the rois live and brought to the host in one transfer (one sync on CUDA). Returns the
+// out of bounds). `v` holds roi_summary's three values, on the host.
+inline void check_roi_summary(const char* op, const double* v, int64_t batch_size) {
+  DETCORE_CHECK_ARG(
+      v[2] == 0, op, ": rois must be finite, got ", static_cast<int64_t>(v[2]),
+      " NaN or infinite value(s)");
+  DETCORE_CHECK_ARG(
+      v[0] >= 0 && v[1] < static_cast<double>(batch_size), op,
+      ": rois[:, 0] must be batch indices in [0, ", batch_size, "), got values in [", v[0], ", ",
+      v[1], "]");
+}
+
+// The roi checks above, and an adaptive sampling grid within kMaxSamplesPerBin. Returns the
 // largest number of samples per bin (for the CPU backward to size its work).
 inline int64_t check_rois(
     const char* op, const at::Tensor& rois, int64_t batch_size, double spatial_scale,
@@ -115,10 +134,7 @@ inline int64_t check_rois(
     return 0;
   }
   auto r = rois.to(at::kDouble);
-  auto index = r.select(1, 0);
   auto geometry = r.narrow(1, 1, 4);
-  auto bounds = at::aminmax(index);
-  auto non_finite = (~at::isfinite(r)).sum().to(at::kDouble);
   at::Tensor samples;
   if (sampling_ratio > 0 || pooled_height == 0 || pooled_width == 0) {  // no bins: no samples
     samples = at::zeros({}, r.options());
@@ -135,15 +151,11 @@ inline int64_t check_rois(
     auto grid_h = at::ceil(height / static_cast<double>(pooled_height)).clamp_min(0);
     samples = (grid_w * grid_h).max();
   }
-  auto summary = at::stack({std::get<0>(bounds), std::get<1>(bounds), non_finite, samples}).cpu();
+  auto parts = roi_summary(r);
+  parts.push_back(samples);
+  const auto summary = at::stack(parts).cpu();
   const double* v = summary.data_ptr<double>();
-  DETCORE_CHECK_ARG(
-      v[2] == 0, op, ": rois must be finite, got ", static_cast<int64_t>(v[2]),
-      " NaN or infinite value(s)");
-  DETCORE_CHECK_ARG(
-      v[0] >= 0 && v[1] < static_cast<double>(batch_size), op,
-      ": rois[:, 0] must be batch indices in [0, ", batch_size, "), got values in [", v[0], ", ",
-      v[1], "]");
+  check_roi_summary(op, v, batch_size);
   DETCORE_CHECK_ARG(
       v[3] <= static_cast<double>(kMaxSamplesPerBin), op, ": with adaptive sampling a roi of ",
       "these rois would take ", v[3], " samples per output bin (at most ", kMaxSamplesPerBin,
@@ -243,8 +255,6 @@ inline void check_roi_pool_backward_inputs(
     return;
   }
   auto r = rois.to(at::kDouble);
-  auto bounds = at::aminmax(r.select(1, 0));
-  auto non_finite = (~at::isfinite(r)).sum().to(at::kDouble);
   at::Tensor lowest, highest;
   if (argmax.numel() > 0 && argmax.is_cpu()) {
     // A plain loop: ATen's parallel reduction wakes every thread for a small tensor, which on a
@@ -265,16 +275,12 @@ inline void check_roi_pool_backward_inputs(
   } else {
     lowest = highest = at::full({}, -1.0, r.options());
   }
-  auto summary =
-      at::stack({std::get<0>(bounds), std::get<1>(bounds), non_finite, lowest, highest}).cpu();
+  auto parts = roi_summary(r);
+  parts.push_back(lowest);
+  parts.push_back(highest);
+  const auto summary = at::stack(parts).cpu();
   const double* v = summary.data_ptr<double>();
-  DETCORE_CHECK_ARG(
-      v[2] == 0, op, ": rois must be finite, got ", static_cast<int64_t>(v[2]),
-      " NaN or infinite value(s)");
-  DETCORE_CHECK_ARG(
-      v[0] >= 0 && v[1] < static_cast<double>(batch_size), op,
-      ": rois[:, 0] must be batch indices in [0, ", batch_size, "), got values in [", v[0], ", ",
-      v[1], "]");
+  check_roi_summary(op, v, batch_size);
   DETCORE_CHECK_ARG(
       v[3] >= -1 && v[4] < static_cast<double>(height * width), op,
       ": argmax must hold offsets into the H * W plane, in [-1, ", height * width,
