@@ -208,6 +208,14 @@ class ResizeShortestEdge(Augmentation):
             scale = max_size / max(h, w)
         return max(int(h * scale + 0.5), 1), max(int(w * scale + 0.5), 1)
 
+    @staticmethod
+    def test_transform(h: int, w: int, short_edge: int, max_size: int) -> "Transform":
+        """The resize of the evaluation loader for one test size (none for a size <= 0), without
+        drawing from np.random: for single images outside a loader (Predictor, export)."""
+        if short_edge <= 0:
+            return NoOpTransform()
+        return ResizeTransform(h, w, *ResizeShortestEdge.get_output_shape(h, w, short_edge, max_size))
+
     def get_transform(self, image):
         h, w = image.shape[:2]
         if self.sample_style == "range":

@@ -12,7 +12,7 @@ the model rescales its detections back to the image as given.
 import numpy as np
 import torch
 
-from detcore.data.transforms import ResizeShortestEdge, ResizeTransform
+from detcore.data.transforms import ResizeShortestEdge
 from detcore.modeling import build_model
 from detcore.config.choices import IMAGE_FORMATS
 
@@ -76,11 +76,8 @@ class Predictor:
         if self.input_format == "RGB":
             image = image[:, :, ::-1]
         image = np.ascontiguousarray(image)
-        if self.min_size > 0:  # MIN_SIZE_TEST 0: no resizing
-            h, w = image.shape[:2]
-            # The loader's ResizeShortestEdge with its one test size, without drawing from np.random.
-            new_h, new_w = ResizeShortestEdge.get_output_shape(h, w, self.min_size, self.max_size)
-            image = ResizeTransform(h, w, new_h, new_w).apply_image(image)
+        h, w = image.shape[:2]  # MIN_SIZE_TEST 0: no resizing
+        image = ResizeShortestEdge.test_transform(h, w, self.min_size, self.max_size).apply_image(image)
         return torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)))
 
     def __call__(self, image):

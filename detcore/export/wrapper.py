@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from detcore.data.transforms import ResizeShortestEdge, ResizeTransform
+from detcore.data.transforms import ResizeShortestEdge
 from detcore.structures import Boxes
 from detcore.structures.mask_paste import paste_masks_in_image
 
@@ -84,11 +84,8 @@ def resize_for_model(image: Tensor, min_size: int, max_size: int) -> Tuple[Tenso
     resized ``[H', W', 3]`` uint8 tensor and the x, y factors that map its pixels back."""
     array = image.numpy() if isinstance(image, Tensor) else image
     h, w = array.shape[:2]
-    if min_size <= 0:
-        return torch.as_tensor(array), 1.0, 1.0
-    new_h, new_w = ResizeShortestEdge.get_output_shape(h, w, min_size, max_size)
-    resized = ResizeTransform(h, w, new_h, new_w).apply_image(array)
-    return torch.as_tensor(resized), w / new_w, h / new_h
+    resized = ResizeShortestEdge.test_transform(h, w, min_size, max_size).apply_image(array)
+    return torch.as_tensor(resized), w / resized.shape[1], h / resized.shape[0]
 
 
 def paste_masks(

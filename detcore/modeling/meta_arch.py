@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from detcore.structures import ImageList, Instances
+from detcore.structures.image_list import padded_side
 from detcore.utils import comm
 from detcore.utils.registry import Registry
 
@@ -138,8 +139,7 @@ class GeneralizedRCNN(nn.Module):
         if not isinstance(image, torch.Tensor) or image.dim() != 3:
             return ()  # preprocess_image names the bad input
         h, w = image.shape[-2:]
-        d = self.size_divisibility
-        return (h + (-h) % d, w + (-w) % d) if d > 1 else (h, w)
+        return padded_side(h, self.size_divisibility), padded_side(w, self.size_divisibility)
 
     def _inference_batch(self, batched_inputs: List[Dict], do_postprocess: bool) -> List:
         images = self.preprocess_image(batched_inputs)

@@ -5,7 +5,7 @@ from typing import List, Sequence, Tuple
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-__all__ = ["ImageList", "size_int"]
+__all__ = ["ImageList", "padded_side", "size_int"]
 
 
 class ImageList:
@@ -86,10 +86,8 @@ class ImageList:
         else:
             max_h = max(h for h, _ in image_sizes)
             max_w = max(w for _, w in image_sizes)
-        if size_divisibility > 1:
-            # Written as size + (-size) % d: a tracer can then prove the padding is >= 0.
-            max_h = max_h + (-max_h) % size_divisibility
-            max_w = max_w + (-max_w) % size_divisibility
+        max_h = padded_side(max_h, size_divisibility)
+        max_w = padded_side(max_w, size_divisibility)
         padded = [
             torch.nn.functional.pad(t, (0, max_w - t.shape[2], 0, max_h - t.shape[1]), value=pad_value)
             for t in tensors
@@ -101,3 +99,9 @@ def size_int(value):
     """An image side as an int; a symbolic one (traced with dynamic image sizes for export) stays
     symbolic, so the graph works for every size."""
     return value if isinstance(value, torch.SymInt) else int(value)
+
+
+def padded_side(size, divisibility: int):
+    """An image side rounded up to a multiple of `divisibility` (0 or 1: unchanged). Written as
+    size + (-size) % d: a tracer can then prove the padding is >= 0."""
+    return size + (-size) % divisibility if divisibility > 1 else size

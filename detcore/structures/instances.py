@@ -95,14 +95,11 @@ class Instances:
 
     # --- container protocol -------------------------------------------------------------------
     def __len__(self) -> int:
-        # No fields yet: no instances known, 0 keeps "for" loops and filters simple.
-        for value in self._fields.values():
-            return len(value)
-        return 0
+        return int(self.num_instances())
 
     def num_instances(self):
         """``len(self)``, but symbolic where the count is (tracing for export): len() must
-        return a Python int."""
+        return a Python int. No fields yet: no instances known, 0 keeps loops and filters simple."""
         for value in self._fields.values():
             return _length(value)
         return 0
