@@ -1,4 +1,4 @@
-"""GeneralizedRCNN: backbone → proposal generator (RPN) → ROI heads, and the model builder.
+"""GeneralizedRCNN: backbone → proposal generator (RPN) → ROI heads.
 
 Training takes the data loader's list of dicts and returns a dict of losses; inference returns
 one {"instances": Instances} per image, in the image's original size.
@@ -11,16 +11,14 @@ from torch import nn
 
 from detcore.structures import ImageList, Instances
 from detcore.structures.image_list import padded_side
-from detcore.utils import comm
-from detcore.utils.registry import Registry
 
-from .backbone import Backbone, build_backbone
-from .postprocessing import detector_postprocess
-from .proposal_generator import build_proposal_generator
-from .roi_heads import build_roi_heads
+from ..backbone import Backbone, build_backbone
+from ..postprocessing import detector_postprocess
+from ..proposal_generator import build_proposal_generator
+from ..roi_heads import build_roi_heads
+from .build import META_ARCH_REGISTRY
 
-# Meta-architectures: `from_config(cfg)` builds the parts through their own registries.
-META_ARCH_REGISTRY = Registry("META_ARCH", "MODEL.META_ARCHITECTURE")
+__all__ = ["GeneralizedRCNN"]
 
 
 @META_ARCH_REGISTRY.register()
@@ -160,8 +158,3 @@ class GeneralizedRCNN(nn.Module):
             )
         return processed
 
-
-def build_model(cfg) -> nn.Module:
-    """The model named by cfg.MODEL.META_ARCHITECTURE, on cfg.MODEL.DEVICE."""
-    device = comm.resolve_device(cfg.MODEL.DEVICE)
-    return META_ARCH_REGISTRY.build(cfg).to(device)
