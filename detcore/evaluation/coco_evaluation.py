@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 
 from detcore.data.datasets.coco_checks import filter_coco_dataset
+from detcore.data.datasets.coco_conversion import annotation_area, convert_to_coco_json
+from detcore.data.datasets.shapes import get_cache_dir
 from detcore.structures import Boxes, Instances
 from detcore.utils import strict_json
 
@@ -83,17 +85,8 @@ def _fill_missing_areas(data: dict) -> None:
     take the segmentation's area (the box's for box-only annotations), as COCO defines it."""
     sizes = {img["id"]: (img["height"], img["width"]) for img in data.get("images", [])}
     for ann in data.get("annotations", []):
-        if "area" in ann:
-            continue
-        segm = ann.get("segmentation")
-        if segm:
-            h, w = sizes[ann["image_id"]]
-            rles = mask_util.frPyObjects(segm, h, w) if isinstance(segm, list) else [segm]
-            if isinstance(segm, dict) and isinstance(segm.get("counts"), list):
-                rles = [mask_util.frPyObjects(segm, h, w)]
-            ann["area"] = float(sum(mask_util.area(rles)))
-        else:
-            ann["area"] = float(ann["bbox"][2] * ann["bbox"][3])
+        if "area" not in ann:
+            ann["area"] = annotation_area(ann.get("segmentation"), ann["bbox"], *sizes[ann["image_id"]])
 
 
 def _meta_get(metadata: Any, key: str, default: Any = None) -> Any:
@@ -203,7 +196,11 @@ class COCOEvaluator(DatasetEvaluator):
         distributed: gather predictions from all ranks to rank 0 when torch.distributed is
             initialized; only rank 0 evaluates (the others return an empty dict).
         metadata_fn: ``name -> metadata`` (object or dict) with ``json_file`` and optionally
-            ``thing_dataset_id_to_contiguous_id``; e.g. ``MetadataCatalog.get``.
+            ``thing_dataset_id_to_contiguous_id``; e.g. ``MetadataCatalog.get``. A dataset whose
+            metadata names no ``json_file`` (one registered from code) is converted to a COCO
+            json from its records (``convert_to_coco_json``), cached in ``output_dir`` (else in
+            the detcore cache folder) and reused while the records stay the same.
+        records_fn: ``name -> records`` for that conversion; default ``DatasetCatalog.get``.
         dataset_id_to_contiguous_id: ``{json category id: model class index}``. Default: the
             metadata's, else the json's category ids in sorted order -> ``0..K-1``.
         per_category_ap: also report ``"AP-<category name>"`` per task.
@@ -221,6 +218,7 @@ class COCOEvaluator(DatasetEvaluator):
         distributed: bool = True,
         *,
         metadata_fn: Optional[Callable[[str], Any]] = None,
+        records_fn: Optional[Callable[[str], List[dict]]] = None,
         dataset_id_to_contiguous_id: Optional[Dict[int, int]] = None,
         per_category_ap: bool = True,
         use_fast_impl: bool = True,
@@ -236,7 +234,7 @@ class COCOEvaluator(DatasetEvaluator):
         self._distributed = distributed
         self._per_category_ap = per_category_ap
 
-        json_file, metadata = self._resolve_json(dataset_name, metadata_fn)
+        json_file, metadata = self._resolve_json(dataset_name, metadata_fn, records_fn, output_dir)
         self._json_file = json_file
         COCO, self._cocoeval_cls, self.backend = _coco_api(use_fast_impl)
         self._coco_gt = _load_ground_truth(COCO, json_file)
@@ -249,7 +247,7 @@ class COCOEvaluator(DatasetEvaluator):
 
     # --- setup ----------------------------------------------------------------------------------
     @staticmethod
-    def _resolve_json(dataset_name, metadata_fn) -> Tuple[str, Any]:
+    def _resolve_json(dataset_name, metadata_fn, records_fn, output_dir) -> Tuple[str, Any]:
         name = os.fspath(dataset_name)
         if os.path.isfile(name):
             return name, None
@@ -260,10 +258,18 @@ class COCOEvaluator(DatasetEvaluator):
             )
         metadata = metadata_fn(name)
         json_file = _meta_get(metadata, "json_file")
-        if not json_file or not os.path.isfile(json_file):
+        if not json_file:
+            # A dataset registered from code: score it against its own records.
+            if records_fn is None:
+                from detcore.data import DatasetCatalog
+
+                records_fn = DatasetCatalog.get
+            cache_dir = output_dir or os.path.join(get_cache_dir(), "coco_json")
+            return convert_to_coco_json(name, cache_dir, records_fn(name), metadata), metadata
+        if not os.path.isfile(json_file):
             raise ValueError(
-                f"COCOEvaluator: the metadata of dataset '{name}' must name an existing COCO json "
-                f"as json_file, got {json_file!r}"
+                f"COCOEvaluator: the metadata of dataset '{name}' names json_file {json_file!r}, "
+                f"which does not exist"
             )
         return json_file, metadata
 
