@@ -24,7 +24,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import pycocotools.mask as mask_util
 import torch
-import torch.distributed as dist
 
 from detcore.data.datasets.coco_checks import filter_coco_dataset
 from detcore.data.datasets.coco_conversion import annotation_area, convert_to_coco_json
@@ -32,7 +31,7 @@ from detcore.data.datasets.shapes import get_cache_dir
 from detcore.structures import Boxes, Instances
 from detcore.utils import strict_json
 
-from .evaluator import DatasetEvaluator
+from .evaluator import DatasetEvaluator, gather_to_main
 
 __all__ = ["COCOEvaluator", "instances_to_coco_json", "RESULTS_FILE", "METRICS_FILE"]
 
@@ -173,17 +172,6 @@ def _encode_masks(masks, image_size: Tuple[int, int]) -> List[dict]:
     return rles
 
 
-def _gather_to_main(records: List[dict]) -> Tuple[List[dict], bool]:
-    """All ranks' records on rank 0; ``(records, is_main)``. No-op when not distributed."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return records, True
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, records)
-    if dist.get_rank() != 0:
-        return [], False
-    return [r for part in gathered for r in part], True
-
-
 class COCOEvaluator(DatasetEvaluator):
     """COCO box / mask AP of instance predictions against a COCO json ground truth.
 
@@ -320,7 +308,7 @@ class COCOEvaluator(DatasetEvaluator):
     def evaluate(self) -> "OrderedDict[str, Dict[str, float]]":
         predictions = self._predictions
         if self._distributed:
-            predictions, is_main = _gather_to_main(predictions)
+            predictions, is_main = gather_to_main(predictions)
             if not is_main:
                 return OrderedDict()
         if not predictions:
