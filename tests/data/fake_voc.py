@@ -49,3 +49,26 @@ def write_voc_tree(dirname, images, splits, image_writer=None):
         with open(os.path.join(dirname, "ImageSets", "Main", f"{split}.txt"), "w") as f:
             f.write("".join(f"{i}\n" for i in ids))
     return dirname
+
+
+def voc_tree_from_records(dirname, splits, class_names, difficult_below=0):
+    """A VOC tree made from detcore records (e.g. a shapes split): each image re-encoded as JPEG,
+    each box written 1-based inclusive, boxes smaller than ``difficult_below`` pixels flagged
+    difficult. ``splits``: split name -> records; ``class_names``: category_id -> VOC class."""
+    images, ids = {}, {}
+    for split, records in splits.items():
+        ids[split] = []
+        for r in records:
+            voc_id = f"{split}_{r['image_id']:06d}"
+            objects = []
+            for a in r["annotations"]:
+                x1, y1, x2, y2 = (int(round(v)) for v in a["bbox"])
+                objects.append((class_names[a["category_id"]], (x1 + 1, y1 + 1, x2, y2), int((x2 - x1) * (y2 - y1) < difficult_below)))
+            images[voc_id] = (r["width"], r["height"], objects, r["file_name"])
+            ids[split].append(voc_id)
+
+    def copy_image(path, voc_id, width, height, objects):
+        assert cv2.imwrite(path, cv2.imread(images[voc_id][3]))
+
+    write_voc_tree(dirname, {k: v[:3] for k, v in images.items()}, ids, image_writer=copy_image)
+    return dirname
