@@ -26,6 +26,11 @@ def parse_args():
     parser.add_argument("--confidence-threshold", type=float, default=0.5, help="draw detections scoring at least this")
     parser.add_argument("--max-images", type=int, default=0, help="only the first N images (0: all)")
     parser.add_argument(
+        "--picture-min-size", type=int, default=480, metavar="PIXELS",
+        help="draw images whose short side is smaller enlarged by a whole factor to at least this, so that "
+        "labels do not cover small objects (default 480; 0: every image at its own size)",
+    )
+    parser.add_argument(
         "--allow-random-weights", action="store_true",
         help="draw the predictions of an untrained model when MODEL.WEIGHTS is empty (otherwise refused)",
     )
@@ -39,6 +44,8 @@ def parse_args():
             break
     if not args.input:
         parser.error("--input needs at least one image file, folder or glob pattern")
+    if args.picture_min_size < 0:
+        parser.error(f"--picture-min-size must be >= 0 (0: no enlarging), got {args.picture_min_size}")
     return args
 
 
@@ -61,7 +68,9 @@ def main():
     if args.max_images > 0:
         paths = paths[: args.max_images]
     class_names = MetadataCatalog.get(cfg.DATASETS.TEST[0]).get("thing_classes") if cfg.DATASETS.TEST else None
-    written = visualize_images(Predictor(cfg), paths, args.output, class_names, args.confidence_threshold)
+    written = visualize_images(
+        Predictor(cfg), paths, args.output, class_names, args.confidence_threshold, args.picture_min_size
+    )
     print(f"Wrote {len(written)} picture(s) to {os.path.abspath(args.output)}")
 
 
