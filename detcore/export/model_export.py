@@ -1,9 +1,10 @@
-"""Export a detcore detector to a file: torch.export's ExportedProgram (.pt2) or ONNX (.onnx),
-with a JSON beside it that says how to feed it and read its outputs.
+"""Export a detcore detector to a file: torch.export's ExportedProgram (.pt2), TorchScript (.ts)
+or ONNX (.onnx), with a JSON beside it that says how to feed it and read its outputs.
 
 The graph is ``ExportableDetector`` (see wrapper.py): one uint8 image of any height and width in,
-boxes / scores / classes (and M×M mask probabilities) out. ONNX is converted from the same
-ExportedProgram, with detcore's ops as NonMaxSuppression / RoiAlign (onnx_ops.py).
+boxes / scores / classes (and M×M mask probabilities) out. TorchScript and ONNX are converted from
+the same ExportedProgram: TorchScript prints its graph (torchscript.py), ONNX translates it, with
+detcore's ops as NonMaxSuppression / RoiAlign (onnx_ops.py).
 """
 import os
 import platform
@@ -15,12 +16,18 @@ import detcore
 from detcore.utils import strict_json
 
 from .onnx_ops import OPSET, onnx_translation_table
+from .torchscript import script_exported_program
 from .wrapper import ExportableDetector
 
 __all__ = ["FORMATS", "export_model", "trace_detector"]
 
-FORMATS = ("exported_program", "onnx")
-_FILE_NAMES = {"exported_program": "model.pt2", "onnx": "model.onnx"}
+FORMATS = ("torchscript", "exported_program", "onnx")
+_HOW_TO_LOAD = {
+    "torchscript": "import detcore (registers its ops), then torch.jit.load(file)",
+    "exported_program": "import detcore (registers its ops), then torch.export.load(file).module()",
+    "onnx": "onnxruntime.InferenceSession(file): standard ONNX ops only, no detcore needed",
+}
+_FILE_NAMES = {"torchscript": "model.ts", "exported_program": "model.pt2", "onnx": "model.onnx"}
 
 
 def _example_image(cfg, input_layout: str) -> torch.Tensor:
@@ -50,7 +57,7 @@ def export_model(
     cfg, model, fmt: str, output_dir: str, sample_image: Optional[torch.Tensor] = None,
     input_layout: str = "CHW", class_names=None, batch_size: Optional[int] = None,
 ) -> Dict[str, str]:
-    """Writes ``output_dir/model.pt2`` or ``model.onnx`` and ``output_dir/export.json``.
+    """Writes ``output_dir/model.ts``, ``model.pt2`` or ``model.onnx`` and ``output_dir/export.json``.
 
     Args:
         cfg: the config the model was built from (kept in the JSON).
@@ -89,6 +96,8 @@ def export_model(
     temporary = path + ".tmp"
     if fmt == "exported_program":
         torch.export.save(program, temporary)
+    elif fmt == "torchscript":
+        torch.jit.save(script_exported_program(program), temporary)
     else:
         onnx_program = torch.onnx.export(
             program, (image,), dynamo=True, opset_version=OPSET,
@@ -124,6 +133,7 @@ def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class
             "max_size_test": max_size,
         },
         "outputs": list(detector.output_names),
+        "load": _HOW_TO_LOAD[fmt],
         "class_names": list(class_names) if class_names else None,
         "score_threshold": float(cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST),
         "mask_threshold": float(cfg.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD) if detector.mask_on else None,
