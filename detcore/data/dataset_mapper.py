@@ -11,6 +11,8 @@ Crowd annotations are not training targets and are dropped; so are instances who
 after clipping to the image (degenerate boxes in the json, boxes outside the image, instances
 left outside a random crop).
 """
+import logging
+from contextlib import contextmanager
 from typing import List, Sequence
 
 import numpy as np
@@ -35,6 +37,8 @@ from .transforms import (
 
 __all__ = ["DatasetMapper", "build_augmentation"]
 
+logger = logging.getLogger(__name__)
+
 
 def build_augmentation(cfg, is_train: bool) -> List[Augmentation]:
     """The augmentations of the config, in order.
@@ -52,7 +56,8 @@ def build_augmentation(cfg, is_train: bool) -> List[Augmentation]:
         return [ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST, "choice")]
     augs: List[Augmentation] = []
     if cfg.INPUT.CROP.ENABLED:
-        augs.append(RandomCrop(cfg.INPUT.CROP.TYPE, cfg.INPUT.CROP.SIZE))
+        with _blame("INPUT.CROP (TYPE, SIZE)"):
+            augs.append(RandomCrop(cfg.INPUT.CROP.TYPE, cfg.INPUT.CROP.SIZE))
     flip = cfg.INPUT.RANDOM_FLIP
     if flip not in FLIP_DIRECTIONS:
         raise ValueError(f"INPUT.RANDOM_FLIP must be one of {list(FLIP_DIRECTIONS)}, got {flip!r}")
@@ -67,8 +72,9 @@ def build_augmentation(cfg, is_train: bool) -> List[Augmentation]:
         out_h, out_w = lsj.OUTPUT_SIZE
         # Flipped first, so the padding stays at the bottom-right, where the model pads too.
         augs += flips
-        augs.append(ResizeScale(lsj.SCALE_RANGE[0], lsj.SCALE_RANGE[1], out_h, out_w))
-        augs.append(FixedSizeCrop((out_h, out_w), pad_value=tuple(cfg.MODEL.PIXEL_MEAN)))
+        with _blame("INPUT.LARGE_SCALE_JITTER (OUTPUT_SIZE, SCALE_RANGE)"):
+            augs.append(ResizeScale(lsj.SCALE_RANGE[0], lsj.SCALE_RANGE[1], out_h, out_w))
+            augs.append(FixedSizeCrop((out_h, out_w), pad_value=tuple(cfg.MODEL.PIXEL_MEAN)))
     else:
         augs.append(
             ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TRAIN, cfg.INPUT.MAX_SIZE_TRAIN, cfg.INPUT.MIN_SIZE_TRAIN_SAMPLING)
@@ -85,6 +91,15 @@ def build_augmentation(cfg, is_train: bool) -> List[Augmentation]:
     if jitter.LIGHTING > 0:
         augs.append(RandomLighting(jitter.LIGHTING, fmt))
     return augs
+
+
+@contextmanager
+def _blame(keys: str):
+    """An augmentation's refusal of its arguments, re-raised naming the config keys they came from."""
+    try:
+        yield
+    except ValueError as e:
+        raise ValueError(f"{keys}: {e}") from e
 
 
 class DatasetMapper:
@@ -121,6 +136,7 @@ class DatasetMapper:
         if recompute_boxes and not use_instance_mask:
             raise ValueError("DatasetMapper: recompute_boxes needs the instance masks (use_instance_mask=True)")
         self.recompute_boxes = bool(recompute_boxes)
+        logger.info("Augmentations of the %s data: %s", "training" if self.is_train else "test", self.augmentations)
 
     @classmethod
     def from_config(cls, cfg, is_train: bool = True):

@@ -327,3 +327,24 @@ def test_colour_jitter_leaves_the_geometry_to_the_same_draws(records):
             all(np.array_equal(p, q) for p, q in zip(pa, pb))
             for pa, pb in zip(a["instances"].gt_masks.polygons, b["instances"].gt_masks.polygons)
         )
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("INPUT.CROP.SIZE", (0.5, 1.5), r"INPUT.CROP \(TYPE, SIZE\): RandomCrop: crop_size of a 'relative_range' crop must be fractions"),
+        ("INPUT.LARGE_SCALE_JITTER.SCALE_RANGE", (2.0, 1.0), r"INPUT.LARGE_SCALE_JITTER .*min_scale <= max_scale"),
+        ("INPUT.LARGE_SCALE_JITTER.OUTPUT_SIZE", (96,), r"OUTPUT_SIZE must be \(height, width\)"),
+    ],
+)
+def test_bad_augmentation_settings_name_their_config_keys(key, value, message):
+    cfg = small_cfg()
+    cfg.INPUT.CROP.ENABLED = key.startswith("INPUT.CROP")
+    cfg.INPUT.LARGE_SCALE_JITTER.ENABLED = key.startswith("INPUT.LARGE")
+    node = cfg
+    *path, leaf = key.split(".")
+    for part in path:
+        node = node[part]
+    node[leaf] = value
+    with pytest.raises(ValueError, match=message):
+        build_augmentation(cfg, is_train=True)

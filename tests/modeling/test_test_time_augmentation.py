@@ -96,6 +96,15 @@ def test_detections_and_masks_come_back_exactly_to_the_original_image(flip, min_
     assert set(model.seen_sizes) == sizes and len(model.seen_sizes) == len(min_sizes) * (2 if flip else 1)
 
 
+def test_a_detector_without_masks_gets_boxes_only():
+    model = BrightBoxDetector()
+    model.roi_heads.mask_on = False
+    tta = GeneralizedRCNNWithTTA(model, min_sizes=(20, 40), max_size=1000, flip=True).eval()
+    inst = tta([as_input(l_shape_image(), height=40, width=60)])[0]["instances"]
+    assert inst.pred_boxes.tensor.tolist() == [[8.0, 12.0, 28.0, 32.0]] and not inst.has("pred_masks")
+    assert model.roi_heads.mask_on is False
+
+
 def test_a_resized_input_still_comes_back_in_height_x_width():
     """The loader may have resized the image already (x2 here): detections go to height x width."""
     image = l_shape_image()
