@@ -6,7 +6,7 @@ current exporter (dynamo=True) use ``export_onnx`` or pass ``onnx_translation_ta
 ``custom_translation_table``.
 """
 from .model_export import FORMATS, export_model, trace_detector
-from .onnx_ops import OPSET, export_onnx, onnx_translation_table, register_onnx_symbolics
+from .onnx_ops import OPSET, export_onnx, onnx_translation_table, register_onnx_symbolics, split_roi_pool
 from .torchscript import script_exported_program
 from .wrapper import ExportableDetector, paste_masks, resize_for_model
 
@@ -23,5 +23,6 @@ __all__ = [
     "register_onnx_symbolics",
     "resize_for_model",
     "script_exported_program",
+    "split_roi_pool",
     "trace_detector",
 ]

@@ -15,7 +15,7 @@ import torch
 import detcore
 from detcore.utils import strict_json
 
-from .onnx_ops import OPSET, onnx_translation_table
+from .onnx_ops import OPSET, onnx_translation_table, split_roi_pool
 from .torchscript import script_exported_program
 from .wrapper import ExportableDetector
 
@@ -74,12 +74,6 @@ def export_model(
     """
     if fmt not in FORMATS:
         raise ValueError(f"export_model: format must be one of {FORMATS}, got {fmt!r}")
-    if fmt == "onnx" and any(cfg.MODEL.RESNETS.DEFORM_ON_PER_STAGE):
-        # detcore's deform_conv2d has no ONNX translation yet (ONNX's DeformConv is opset 19).
-        raise ValueError(
-            "export_model: MODEL.RESNETS.DEFORM_ON_PER_STAGE puts deformable convs in the model, which "
-            "cannot be exported to ONNX yet; export it as exported_program, or without deformable stages"
-        )
     detector = ExportableDetector(model, input_layout, batch_size)
     image = sample_image if sample_image is not None else _example_image(cfg, input_layout)
     expected_channels_axis = -1 if input_layout == "HWC" else 0
@@ -100,7 +94,7 @@ def export_model(
         torch.jit.save(script_exported_program(program), temporary)
     else:
         onnx_program = torch.onnx.export(
-            program, (image,), dynamo=True, opset_version=OPSET,
+            split_roi_pool(program), (image,), dynamo=True, opset_version=OPSET,
             custom_translation_table=onnx_translation_table(), input_names=["image"],
             output_names=list(detector.output_names), verbose=False,
         )
