@@ -14,7 +14,7 @@ import logging
 import os
 import random
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from detcore.data import MetadataCatalog, build_detection_test_loader, build_detection_train_loader
 from detcore.evaluation import COCOEvaluator, DatasetEvaluator
-from detcore.modeling import build_model
+from detcore.modeling import META_ARCH_REGISTRY, ProposalNetwork, build_model
 from detcore.solver import build_gradient_clipper, build_lr_scheduler, build_optimizer
 from detcore.utils import comm
 from detcore.utils.logger import setup_logger
@@ -283,8 +283,11 @@ class DefaultTrainer(TrainerBase):
         return build_detection_test_loader(cfg, dataset_name)
 
     @classmethod
-    def build_evaluator(cls, cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
-        """COCO box (and mask, with MODEL.MASK_ON) AP for datasets whose metadata says "coco"."""
+    def build_evaluator(
+        cls, cfg, dataset_name: str, output_folder: Optional[str] = None, tasks: Optional[Sequence[str]] = None
+    ) -> DatasetEvaluator:
+        """For datasets whose metadata says "coco": COCO box (and mask, with MODEL.MASK_ON) AP, or
+        for a ProposalNetwork the proposals' recall ("box_proposals"); ``tasks`` overrides."""
         if output_folder is None:
             output_folder = os.path.join(cfg.OUTPUT_DIR, "inference", dataset_name)
         kind = MetadataCatalog.get(dataset_name).get("evaluator_type", "coco")
@@ -293,7 +296,11 @@ class DefaultTrainer(TrainerBase):
                 f"No evaluator for dataset '{dataset_name}' of evaluator_type {kind!r}; override "
                 f"DefaultTrainer.build_evaluator"
             )
-        tasks = ("bbox", "segm") if cfg.MODEL.MASK_ON else ("bbox",)
+        if tasks is None:
+            if issubclass(META_ARCH_REGISTRY.get(cfg.MODEL.META_ARCHITECTURE), ProposalNetwork):
+                tasks = ("box_proposals",)
+            else:
+                tasks = ("bbox", "segm") if cfg.MODEL.MASK_ON else ("bbox",)
         return COCOEvaluator(
             dataset_name, tasks, output_folder, distributed=True, metadata_fn=MetadataCatalog.get
         )
