@@ -102,6 +102,7 @@ def test_res5_is_resnets_own_stage_with_stride_2(config, depth, block):
 
 def test_inference_equals_roi_align_res5_mean_and_predictors():
     heads = _heads(_cfg()).eval()
+    torch.nn.init.normal_(heads.mask_head.predictor.weight, std=0.05)  # masks far from 0.5
     features, proposals = _features(), _proposals()
     seen = {}
 
@@ -131,6 +132,8 @@ def test_inference_equals_roi_align_res5_mean_and_predictors():
 
 def test_training_losses_and_the_mask_branch_on_the_foreground_features():
     heads = _heads(_cfg()).train()
+    # Logits near 0 (the predictor's init) give a loss of log 2 whatever the features: widen them.
+    torch.nn.init.normal_(heads.mask_head.predictor.weight, std=0.05)
     features = {k: v.requires_grad_() for k, v in _features().items()}
     sampled = {}
     sample = heads.label_and_sample_proposals
@@ -145,6 +148,7 @@ def test_training_losses_and_the_mask_branch_on_the_foreground_features():
     with torch.no_grad():
         x = _reference_res5_features(heads, features, [f.proposal_boxes for f in foreground])
         expected = mask_rcnn_loss(heads.mask_head.layers(x), foreground)
+    assert abs(expected.item() - 0.6931) > 0.01
     torch.testing.assert_close(losses["loss_mask"].detach(), expected, rtol=1e-4, atol=1e-6)
     sum(losses.values()).backward()
     assert features["res4"].grad.abs().sum() > 0  # through the pooler into the backbone's map
