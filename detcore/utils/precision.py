@@ -6,8 +6,11 @@ whether this CPU computes bfloat16 natively.
 
 Under bfloat16 autocast the convolutions and matrix products of the network run in bfloat16;
 the steps whose rounding would change which boxes or mask pixels are kept compute in float32
-whatever the caller's autocast (see the comments at those places: box decoding, class scores,
-NMS, ROIAlign, mask pasting).
+whatever the caller's autocast (see the comments at those places): the RPN's logits and deltas
+and the box head's deltas and class scores are cast to float32 before decoding, softmax and NMS
+(fast_rcnn.py, rpn.py, box_regression.py); NMS and ROIAlign compute in float32 (their autocast
+kernels in csrc/autocast.cpp); mask pasting and TTA's box voting, matrix products that autocast
+would round, switch it off (``full_precision``). The mask head's sigmoid is taken in float32.
 
 bfloat16 is fast on CPUs that have instructions for it: Intel AMX (``amx_bf16``), AVX512-BF16
 (``avx512_bf16``: Intel Cooper Lake and later, AMD Zen 4 and later) and Arm's BF16 extension
