@@ -29,6 +29,7 @@ from detcore.data.transforms import ResizeShortestEdge
 from detcore.modeling import ProposalNetwork
 from detcore.structures import Boxes
 from detcore.structures.mask_paste import paste_masks_in_image
+from detcore.utils.precision import check_precision, inference_autocast
 
 __all__ = ["ExportableDetector", "paste_masks", "resize_for_model"]
 
@@ -39,10 +40,15 @@ class ExportableDetector(nn.Module):
     """Args:
         model: a GeneralizedRCNN or ProposalNetwork in eval mode.
         input_layout: "CHW" (``[3, H, W]``) or "HWC" (``[H, W, 3]``, as OpenCV reads images).
+        precision: TEST.PRECISION; "bfloat16" runs the network under ``torch.autocast`` (the
+            outputs stay float32).
     """
 
-    def __init__(self, model: nn.Module, input_layout: str = "CHW", batch_size: Optional[int] = None):
+    def __init__(
+        self, model: nn.Module, input_layout: str = "CHW", batch_size: Optional[int] = None, precision: str = "float32"
+    ):
         super().__init__()
+        check_precision(precision)
         if input_layout not in INPUT_LAYOUTS:
             raise ValueError(f"ExportableDetector: input_layout must be one of {INPUT_LAYOUTS}, got {input_layout!r}")
         if batch_size is not None and batch_size < 1:
@@ -50,6 +56,7 @@ class ExportableDetector(nn.Module):
         self.model = model.eval()
         self.input_layout = input_layout
         self.batch_size = batch_size
+        self.precision = precision
         self.proposals_only = isinstance(model, ProposalNetwork)
         self.mask_on = bool(getattr(getattr(model, "roi_heads", None), "mask_on", False))
 
@@ -57,7 +64,8 @@ class ExportableDetector(nn.Module):
         images = [image] if self.batch_size is None else [image[i] for i in range(self.batch_size)]
         if self.input_layout == "HWC":
             images = [x.permute(2, 0, 1) for x in images]
-        results = self.model.inference([{"image": x} for x in images], do_postprocess=False)
+        with inference_autocast(self.precision, self.model.device):
+            results = self.model.inference([{"image": x} for x in images], do_postprocess=False)
         per_image = [self._outputs(result) for result in results]
         if self.batch_size is None:
             return per_image[0]
