@@ -66,13 +66,19 @@ def detcore_cfg(args):
 
 
 class DetcoreRunner:
+    """detcore's model in TEST.PRECISION float32."""
+
     name = "detcore"
+    precision = "float32"
 
     def __init__(self, args, train):
         from detcore.modeling import build_model
+        from detcore.utils.precision import inference_autocast
 
+        self.autocast = lambda: inference_autocast(self.precision, self.device)
         self.cfg = detcore_cfg(args)
         self.device = torch.device(args.device)
+        torch.manual_seed(0)  # both precisions get the same random weights
         self.model = build_model(self.cfg)
         self.model.train(train)
         self.num_classes = self.cfg.MODEL.ROI_HEADS.NUM_CLASSES
@@ -100,7 +106,15 @@ class DetcoreRunner:
         def postprocess():
             state["output"] = m.postprocess(state["results"], inputs)
 
-        return state, dict(zip(STAGES, (preprocess, backbone, rpn, roi_heads, postprocess)))
+        def in_precision(stage):
+            def run():
+                with self.autocast():  # as Predictor and inference_on_dataset run the model
+                    stage()
+
+            return run
+
+        stages = (preprocess, backbone, rpn, roi_heads, postprocess)
+        return state, {name: in_precision(stage) for name, stage in zip(STAGES, stages)}
 
     @staticmethod
     def counts(state):
@@ -122,7 +136,17 @@ class DetcoreRunner:
         return inputs
 
     def train_forward(self, inputs):
-        return sum(self.model(inputs).values())
+        # The forward under autocast as SimpleTrainer does with SOLVER.AMP (bfloat16: no grad scaler).
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bfloat16"):
+            return sum(self.model(inputs).values())
+
+
+class DetcoreBfloat16Runner(DetcoreRunner):
+    """The same model with TEST.PRECISION bfloat16 for inference and bfloat16 AMP
+    (SOLVER.AMP.ENABLED, DTYPE bfloat16) for the training step."""
+
+    name = "detcore_bfloat16"
+    precision = "bfloat16"
 
 
 class TorchvisionRunner:
@@ -215,7 +239,7 @@ class TorchvisionRunner:
         return sum(self.model(images, targets).values())
 
 
-RUNNERS = {"detcore": DetcoreRunner, "torchvision": TorchvisionRunner}
+RUNNERS = {"detcore": DetcoreRunner, "detcore_bfloat16": DetcoreBfloat16Runner, "torchvision": TorchvisionRunner}
 
 
 # --- measuring (inside a worker subprocess) -------------------------------------------------------
