@@ -91,7 +91,10 @@ def test_predictor_and_demo_on_a_proposal_network(tiny_cache, tmp_path):
     assert out["proposals"].image_size == image.shape[:2]
     written = visualize_images(predictor, [os.path.join(val_images(), sorted(os.listdir(val_images()))[0])],
                                str(tmp_path / "demo"), score_threshold=0.0)
-    assert len(written) == 1 and cv2.imread(written[0]).shape == image.shape
+    # Drawn enlarged by a whole factor (short side >= 480, see upscale_factor).
+    scale = upscale_factor(*image.shape[:2])
+    assert scale > 1
+    assert len(written) == 1 and cv2.imread(written[0]).shape == (image.shape[0] * scale, image.shape[1] * scale, 3)
 
 
 def test_test_net_needs_weights(tiny_cache, tmp_path):
