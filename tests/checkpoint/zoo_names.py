@@ -127,3 +127,80 @@ def caffe2_resnet50_shapes():
             s[f"{p}branch1_bn_b"] = (out,)
     s["fc1000_w"], s["fc1000_b"] = (1000, 2048), (1000,)
     return s
+
+
+def maskrcnn_benchmark_mask_rcnn_r50_fpn_shapes(ddp=True):
+    """maskrcnn-benchmark's e2e_mask_rcnn_R_50_FPN_1x model (maskrcnn_benchmark/modeling): a
+    `backbone` Sequential of `body` (ResNet: StemWithFixedBatchNorm `stem.conv1` / `stem.bn1`,
+    stages `layer1`..`layer4` of Bottlenecks with FrozenBatchNorm2d, which keeps weight, bias,
+    running_mean, running_var) and `fpn` (`fpn_inner1..4` 1x1 laterals, `fpn_layer1..4` 3x3
+    outputs, numbered from the res2 stage); `rpn` (AnchorGenerator's `cell_anchors` BufferList,
+    RPNHead `conv` / `cls_logits` / `bbox_pred`); `roi_heads.box` (FPN2MLPFeatureExtractor
+    `fc6` / `fc7`, FPNPredictor `cls_score` / `bbox_pred` over 81 classes, background first) and
+    `roi_heads.mask` (MaskRCNNFPNFeatureExtractor `mask_fcn1..4`, MaskRCNNC4Predictor
+    `conv5_mask` / `mask_fcn_logits`). Saved from a DistributedDataParallel model: "module."."""
+    s = {"backbone.body.stem.conv1.weight": (64, 3, 7, 7)}
+    _norm(s, "backbone.body.stem.bn1", 64)
+    for stage, i, cin, mid, out in _r50_blocks():
+        p = f"backbone.body.layer{stage + 1}.{i}."
+        if i == 0:
+            s[p + "downsample.0.weight"] = (out, cin, 1, 1)
+            _norm(s, p + "downsample.1", out)
+        for j, (co, ci, k) in enumerate(((mid, cin, 1), (mid, mid, 3), (out, mid, 1)), start=1):
+            s[f"{p}conv{j}.weight"] = (co, ci, k, k)
+            _norm(s, f"{p}bn{j}", co)
+    for idx, cin in enumerate((256, 512, 1024, 2048), start=1):
+        s[f"backbone.fpn.fpn_inner{idx}.weight"] = (256, cin, 1, 1)
+        s[f"backbone.fpn.fpn_inner{idx}.bias"] = (256,)
+        s[f"backbone.fpn.fpn_layer{idx}.weight"] = (256, 256, 3, 3)
+        s[f"backbone.fpn.fpn_layer{idx}.bias"] = (256,)
+    for level in range(5):
+        s[f"rpn.anchor_generator.cell_anchors.{level}"] = (3, 4)
+    s["rpn.head.conv.weight"], s["rpn.head.conv.bias"] = (256, 256, 3, 3), (256,)
+    s["rpn.head.cls_logits.weight"], s["rpn.head.cls_logits.bias"] = (3, 256, 1, 1), (3,)
+    s["rpn.head.bbox_pred.weight"], s["rpn.head.bbox_pred.bias"] = (12, 256, 1, 1), (12,)
+    b = "roi_heads.box."
+    s[b + "feature_extractor.fc6.weight"], s[b + "feature_extractor.fc6.bias"] = (1024, 12544), (1024,)
+    s[b + "feature_extractor.fc7.weight"], s[b + "feature_extractor.fc7.bias"] = (1024, 1024), (1024,)
+    s[b + "predictor.cls_score.weight"], s[b + "predictor.cls_score.bias"] = (81, 1024), (81,)
+    s[b + "predictor.bbox_pred.weight"], s[b + "predictor.bbox_pred.bias"] = (324, 1024), (324,)
+    m = "roi_heads.mask."
+    for k in range(1, 5):
+        s[f"{m}feature_extractor.mask_fcn{k}.weight"] = (256, 256, 3, 3)
+        s[f"{m}feature_extractor.mask_fcn{k}.bias"] = (256,)
+    s[m + "predictor.conv5_mask.weight"], s[m + "predictor.conv5_mask.bias"] = (256, 256, 2, 2), (256,)
+    s[m + "predictor.mask_fcn_logits.weight"], s[m + "predictor.mask_fcn_logits.bias"] = (81, 256, 1, 1), (81,)
+    return {("module." + k if ddp else k): v for k, v in s.items()}
+
+
+def caffe2_detectron_mask_rcnn_r50_fpn_shapes(momentum=True):
+    """Detectron's e2e_mask_rcnn_R-50-FPN_1x model_final.pkl blobs (detectron/modeling): the
+    MSRA R-50 body (AffineChannel norms) without its classifier; FPN.py's laterals named after
+    the body output they read (`fpn_inner_res5_2_sum` on res5, `fpn_inner_res4_5_sum_lateral`
+    ... on the others) and outputs `fpn_res5_2_sum` ...; one RPN head shared by all levels,
+    stored on the finest (`conv_rpn_fpn2`, `rpn_cls_logits_fpn2`, `rpn_bbox_pred_fpn2`); the 2-fc
+    box head (`fc6`, `fc7`, `cls_score`, `bbox_pred`; 81 classes, background first); the mask
+    head (`_[mask]_fcn1..4`, `conv5_mask`, `mask_fcn_logits`). Trained weights carry a
+    `_momentum` blob each (SGD state): the heads and the res3..res5 convs, not the frozen stem and
+    res2 nor the AffineChannel norms."""
+    s = {k: v for k, v in caffe2_resnet50_shapes().items() if not k.startswith("fc1000")}
+    # res3..res5 convs train (FREEZE_AT 2); AffineChannel norms never do.
+    trainable = [(k[: -len("_w")], v) for k, v in s.items() if k[:4] in ("res3", "res4", "res5") and k.endswith("_w")]
+    outputs = {2: "res2_2_sum", 3: "res3_3_sum", 4: "res4_5_sum", 5: "res5_2_sum"}
+    for level, cin in zip((2, 3, 4, 5), (256, 512, 1024, 2048)):
+        lateral = f"fpn_inner_{outputs[level]}" + ("" if level == 5 else "_lateral")
+        trainable += [(lateral, (256, cin, 1, 1)), (f"fpn_{outputs[level]}", (256, 256, 3, 3))]
+    trainable += [("conv_rpn_fpn2", (256, 256, 3, 3)), ("rpn_cls_logits_fpn2", (3, 256, 1, 1)),
+                  ("rpn_bbox_pred_fpn2", (12, 256, 1, 1)), ("fc6", (1024, 12544)), ("fc7", (1024, 1024)),
+                  ("cls_score", (81, 1024)), ("bbox_pred", (324, 1024))]  # fmt: skip
+    trainable += [(f"_[mask]_fcn{k}", (256, 256, 3, 3)) for k in range(1, 5)]
+    trainable += [("conv5_mask", (256, 256, 2, 2)), ("mask_fcn_logits", (81, 256, 1, 1))]
+    for blob, shape in trainable:
+        leaves = [("w", shape)]
+        if not blob.startswith("res"):  # body convs have no bias
+            leaves.append(("b", (shape[1] if blob == "conv5_mask" else shape[0],)))
+        for leaf, leaf_shape in leaves:
+            s[f"{blob}_{leaf}"] = leaf_shape
+            if momentum:
+                s[f"{blob}_{leaf}_momentum"] = leaf_shape
+    return s
