@@ -27,6 +27,7 @@ from .mappings import (
     convert_caffe2_resnet,
     convert_detcore,
     convert_detectron2,
+    is_detcore_name,
     convert_torchvision_detection,
     convert_torchvision_resnet,
 )
@@ -48,6 +49,8 @@ class Layout:
             regex finds (``re.search``), after any DDP "module." prefix is removed.
         excludes: (description, regex) of keys its files never hold (a backbone-only layout
             excludes detection heads): one such key rules the layout out.
+        explains: for a converter that keeps any name (detcore's), the names detection credits
+            to the layout; the others count as unexplained.
         convert: fills a ConvertedCheckpoint from {key: tensor}.
         keeps_ddp_prefix: the converter finds its own prefix (which may start with "module.").
         stride_in_1x1, input_format: what the weights were trained with (MODEL.RESNETS.STRIDE_IN_1X1,
@@ -60,6 +63,7 @@ class Layout:
     signature: Tuple[Tuple[str, str], ...]
     convert: Callable[[Dict[str, torch.Tensor], ConvertedCheckpoint], None]
     excludes: Optional[Tuple[str, str]] = None
+    explains: Optional[Callable[[str], bool]] = None
     keeps_ddp_prefix: bool = False
     stride_in_1x1: Optional[bool] = None
     input_format: Optional[str] = None
@@ -88,6 +92,7 @@ LAYOUTS: Tuple[Layout, ...] = (
         "detcore training (tools/train_net.py, Checkpointer)",
         (("a detcore ResNet body or R-CNN head", r"(^|\.)(stem\.bn1\.|res\d\.\d+\.(bn\d|downsample)\.)|^(proposal_generator|roi_heads)\."),),
         convert_detcore,
+        explains=is_detcore_name,
     ),
     Layout(
         "detectron2",
@@ -242,7 +247,10 @@ def match_layouts(state_dict: Dict[str, torch.Tensor]) -> List[LayoutMatch]:
         )
         try:
             match.converted = _convert(row, state_dict, stripped)
-            match.unexplained = sorted(match.converted.unknown)
+            unexplained = set(match.converted.unknown)
+            if row.explains is not None:
+                unexplained.update(k for k in match.converted.tensors if not row.explains(k))
+            match.unexplained = sorted(unexplained)
         except ValueError as e:
             match.error = str(e)
         matches.append(match)

@@ -81,13 +81,16 @@ _DETCORE_BODY = re.compile(r"(^|\.)(stem\.bn1\.|res\d\.\d+\.(bn\d|downsample)\.)
 _BODY_RELATIVE = re.compile(r"^(stem|res\d)\.")
 
 
+def is_detcore_name(key: str) -> bool:
+    """Whether ``key`` looks like a detcore R-CNN / RetinaNet name (a model's own checkpoint may
+    hold any name; format detection only credits these to the detcore layout)."""
+    return bool(_DETCORE_NAMESPACES.match(key)) and not _D2_BODY.search(key)
+
+
 def convert_detcore(state_dict, out: ConvertedCheckpoint) -> None:
-    """Names kept as they are; detectron2's body names (conv{j}.norm, shortcut) are not detcore's."""
+    """Every name kept as it is."""
     for key, tensor in state_dict.items():
-        if _DETCORE_NAMESPACES.match(key) and not _D2_BODY.search(key):
-            out.add(key, tensor, key)
-        else:
-            out.unknown[key] = tuple(tensor.shape)
+        out.add(key, tensor, key)
     if out.tensors and all(_BODY_RELATIVE.match(k) for k in out.tensors):
         out.body_relative = True
 

@@ -2,7 +2,8 @@
 
 Output (the model's input format)::
 
-    {"image": uint8 Tensor[3, H, W] in image_format order, resized,
+    {"image": Tensor[3, H, W] in image_format order, resized (uint8; float32 with
+              INPUT.RESIZE_MODE "torchvision", which keeps the interpolated values),
      "height": int, "width": int,          # the ORIGINAL size (eval outputs are rescaled to it)
      "file_name": str, "image_id": int,
      "instances": Instances((H, W), gt_boxes, gt_classes[, gt_masks])}   # training only
@@ -27,7 +28,9 @@ def build_augmentation(cfg, is_train: bool) -> List[Augmentation]:
     """Resize (multi-scale in training) and, in training, the flip of ``INPUT.RANDOM_FLIP``."""
     if is_train:
         augs: List[Augmentation] = [
-            ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TRAIN, cfg.INPUT.MAX_SIZE_TRAIN, cfg.INPUT.MIN_SIZE_TRAIN_SAMPLING)
+            ResizeShortestEdge(
+                cfg.INPUT.MIN_SIZE_TRAIN, cfg.INPUT.MAX_SIZE_TRAIN, cfg.INPUT.MIN_SIZE_TRAIN_SAMPLING, cfg.INPUT.RESIZE_MODE
+            )
         ]
         flip = cfg.INPUT.RANDOM_FLIP
         if flip not in FLIP_DIRECTIONS:
@@ -35,7 +38,7 @@ def build_augmentation(cfg, is_train: bool) -> List[Augmentation]:
         if flip != "none":
             augs.append(RandomFlip(0.5, horizontal=flip == "horizontal", vertical=flip == "vertical"))
         return augs
-    return [ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST, "choice")]
+    return [ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST, "choice", cfg.INPUT.RESIZE_MODE)]
 
 
 class DatasetMapper:

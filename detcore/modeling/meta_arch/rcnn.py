@@ -38,6 +38,7 @@ class GeneralizedRCNN(nn.Module):
         paste_mode: str = "aligned",
         size_divisibility: int = 0,
         channels_last: bool = False,
+        legacy_plus_one: bool = False,
     ):
         super().__init__()
         if len(pixel_mean) != len(pixel_std):
@@ -50,6 +51,7 @@ class GeneralizedRCNN(nn.Module):
         self.input_format = input_format
         self.mask_threshold = mask_threshold
         self.paste_mode = paste_mode
+        self.legacy_plus_one = bool(legacy_plus_one)
         # The batch is padded to a multiple of both the requested divisibility and the backbone's
         # own (FPN needs its coarsest stride to divide the input); 0 or 1 means no constraint.
         divisors = [int(d) for d in (size_divisibility, backbone.size_divisibility) if int(d) > 1]
@@ -78,6 +80,7 @@ class GeneralizedRCNN(nn.Module):
             "paste_mode": cfg.MODEL.ROI_MASK_HEAD.PASTE_MODE,
             "size_divisibility": cfg.INPUT.SIZE_DIVISIBILITY,
             "channels_last": cfg.MODEL.CHANNELS_LAST,
+            "legacy_plus_one": cfg.MODEL.BOX_LEGACY_PLUS_ONE,
         }
 
     @property
@@ -154,7 +157,11 @@ class GeneralizedRCNN(nn.Module):
             height = x.get("height", result.image_size[0])
             width = x.get("width", result.image_size[1])
             processed.append(
-                {"instances": detector_postprocess(result, height, width, self.mask_threshold, self.paste_mode)}
+                {
+                    "instances": detector_postprocess(
+                        result, height, width, self.mask_threshold, self.paste_mode, self.legacy_plus_one
+                    )
+                }
             )
         return processed
 
