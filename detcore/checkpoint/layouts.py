@@ -37,6 +37,11 @@ __all__ = ["FORMATS", "LAYOUTS", "MAX_UNEXPLAINED", "Layout", "convert_keys", "d
 # Largest share of a file's keys its layout may leave unexplained.
 MAX_UNEXPLAINED = 0.05
 
+MASKRCNN_BENCHMARK_PRESETS = (
+    "configs/maskrcnn_benchmark/e2e_mask_rcnn_R_50_FPN_1x.yaml",
+    "configs/maskrcnn_benchmark/e2e_mask_rcnn_R_50_C4_1x.yaml",
+)
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -55,7 +60,8 @@ class Layout:
         keeps_ddp_prefix: the converter finds its own prefix (which may start with "module.").
         stride_in_1x1, input_format: what the weights were trained with (MODEL.RESNETS.STRIDE_IN_1X1,
             INPUT.FORMAT), when the layout says; the loader notes a model set otherwise.
-        preset: the config that runs such weights as their source does, if one exists.
+        presets: the configs that run such weights as their source does (one per architecture
+            of the family, e.g. FPN and C4), if any.
     """
 
     format: str
@@ -67,7 +73,7 @@ class Layout:
     keeps_ddp_prefix: bool = False
     stride_in_1x1: Optional[bool] = None
     input_format: Optional[str] = None
-    preset: str = ""
+    presets: Tuple[str, ...] = ()
     _patterns: Tuple[re.Pattern, ...] = field(init=False, repr=False, compare=False)
     _excludes: Optional[re.Pattern] = field(init=False, repr=False, compare=False)
 
@@ -100,7 +106,7 @@ LAYOUTS: Tuple[Layout, ...] = (
         (("a detectron2 ResNet body (stem.conv1.norm, resN.i.convJ.norm, shortcut)",
           r"(^|\.)(stem\.conv1\.norm\.|res\d\.\d+\.(conv\d\.norm|shortcut)\.)"),),
         convert_detectron2,
-        preset="configs/detectron2/mask_rcnn_R_50_FPN_1x.yaml",
+        presets=("configs/detectron2/mask_rcnn_R_50_FPN_1x.yaml", "configs/detectron2/mask_rcnn_R_50_C4_1x.yaml"),
     ),
     Layout(
         "torchvision-detection",
@@ -110,27 +116,30 @@ LAYOUTS: Tuple[Layout, ...] = (
         convert_torchvision_detection,
         stride_in_1x1=False,
         input_format="RGB",
-        preset="configs/torchvision/mask_rcnn_R_50_FPN.yaml",
+        presets=("configs/torchvision/mask_rcnn_R_50_FPN.yaml", "configs/torchvision/faster_rcnn_R_50_FPN.yaml"),
     ),
     Layout(
         "maskrcnn-benchmark",
         "maskrcnn-benchmark training (.pth with model / optimizer / scheduler / iteration)",
         (("maskrcnn-benchmark's ResNet stem 'backbone.body.stem.conv1.weight'", r"^backbone\.body\.stem\.conv1\.weight$"),
-         ("maskrcnn-benchmark's FPN (backbone.fpn.fpn_inner1 ...)", r"^backbone\.fpn\.fpn_(inner|layer)\d")),
+         ("maskrcnn-benchmark's FPN (backbone.fpn.fpn_inner1 ...) or C4 box head (roi_heads.box.feature_extractor.head.layer4)",
+          r"^backbone\.fpn\.fpn_(inner|layer)\d|^roi_heads\.box\.feature_extractor\.head\.layer4\.")),
         convert_maskrcnn_benchmark,
+        excludes=("a RetinaNet head or P6/P7 convs (rpn.head.cls_tower, backbone.fpn.top_blocks), which its Mask "
+                  "R-CNN models never have", r"^rpn\.head\.(cls|bbox)_tower\.|^backbone\.fpn\.top_blocks\."),
         stride_in_1x1=True,
         input_format="BGR",
-        preset="configs/maskrcnn_benchmark/e2e_mask_rcnn_R_50_FPN_1x.yaml",
+        presets=MASKRCNN_BENCHMARK_PRESETS,
     ),
     Layout(
         "caffe2-detection",
         "Detectron (caffe2) detection model zoo (model_final.pkl with 'blobs')",
         (("a caffe2 ResNet body (res2_0_branch2a_w ...)", r"^res\d_\d+_branch2a_w$"),
-         ("Detectron's FPN (fpn_inner_res5_2_sum_w ...)", r"^fpn_inner_res\d_\d+_sum")),
+         ("Detectron's FPN (fpn_inner_res5_2_sum_w ...) or C4 RPN (conv_rpn_w)", r"^fpn_inner_res\d_\d+_sum|^conv_rpn_w$")),
         convert_caffe2_detection,
         stride_in_1x1=True,
         input_format="BGR",
-        preset="configs/maskrcnn_benchmark/e2e_mask_rcnn_R_50_FPN_1x.yaml",
+        presets=MASKRCNN_BENCHMARK_PRESETS,
     ),
     Layout(
         "caffe2-resnet",
@@ -200,8 +209,13 @@ class LayoutMatch:
 
     def closeness(self) -> Tuple[float, float]:
         """Sort key, smaller is closer: the share of keys left unexplained (or ruling it out),
-        then of the signature missing."""
-        unexplained = 1.0 if self.converted is None else len(self.unexplained) / max(self.num_keys, 1)
+        then of the signature missing. A layout whose whole signature is there but whose
+        converter refused the file (e.g. a C4 mask head with a res5 of its own) comes first: its
+        refusal is the one to read."""
+        if self.converted is None:
+            unexplained = 1.0 if self.missing else 0.0
+        else:
+            unexplained = len(self.unexplained) / max(self.num_keys, 1)
         return (unexplained + len(self.excluded) / max(self.num_keys, 1), len(self.missing) / max(len(self.layout.signature), 1))
 
     def describe(self, examples: int = 4) -> str:

@@ -104,8 +104,8 @@ def _setting_notes(fmt: str, model: nn.Module) -> list:
             f"{fmt} weights expect {row.input_format} images but the model takes {input_format} (INPUT.FORMAT); "
             "check INPUT.FORMAT, MODEL.PIXEL_MEAN and MODEL.PIXEL_STD"
         )
-    if notes and row.preset:
-        notes.append(f"{row.preset} runs {fmt} weights as their source does")
+    if notes and row.presets:
+        notes.append(f"{' or '.join(row.presets)} runs {fmt} weights as their source does")
     return notes
 
 

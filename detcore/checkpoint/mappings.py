@@ -277,9 +277,13 @@ _C2_LEAF = {"w": "weight", "b": "bias", "s": "weight"}
 FROZEN_BN_EPS = 1e-5
 
 
-def convert_caffe2_blobs(state_dict, out: ConvertedCheckpoint, body_prefix: str = "", head_rules=()) -> None:
-    """caffe2 blob names: the ResNet body (placed under ``body_prefix``) and, for detection
+def convert_caffe2_blobs(
+    state_dict, out: ConvertedCheckpoint, body_prefix: str = "", head_rules=(), stage_prefixes=None
+) -> None:
+    """caffe2 blob names: the ResNet body (placed under ``body_prefix``, or a stage under its
+    ``stage_prefixes`` entry, e.g. a C4 model's res5 in its ROI heads) and, for detection
     checkpoints, ``head_rules``: (pattern, match -> (detcore module, leaf letter)) tried first."""
+    stage_prefixes = stage_prefixes or {}
     affine_norms = {}
     for key, tensor in state_dict.items():
         if key.endswith("_momentum"):
@@ -299,7 +303,7 @@ def convert_caffe2_blobs(state_dict, out: ConvertedCheckpoint, body_prefix: str 
                 m = pattern.match(key)
                 if m:
                     module, leaf, norm = rename(m)
-                    module = body_prefix + module
+                    module = stage_prefixes.get(module.split(".", 1)[0], body_prefix) + module
                     out.add(f"{module}.{_C2_LEAF[leaf]}", tensor, key)
                     if norm == "bn":
                         affine_norms[module] = (tensor.shape[0], key.rsplit("_", 1)[0])

@@ -10,9 +10,12 @@ from detcore.checkpoint import FORMATS, LAYOUTS, convert_keys, convert_state_dic
 from detcore.checkpoint.layouts import MAX_UNEXPLAINED, match_layouts
 
 from .zoo_names import (
+    caffe2_detectron_mask_rcnn_r50_c4_shapes,
     caffe2_detectron_mask_rcnn_r50_fpn_shapes,
     caffe2_resnet50_shapes,
+    detectron2_mask_rcnn_r50_c4_shapes,
     detectron2_mask_rcnn_r50_fpn_shapes,
+    maskrcnn_benchmark_mask_rcnn_r50_c4_shapes,
     maskrcnn_benchmark_mask_rcnn_r50_fpn_shapes,
     torchvision_maskrcnn_v1_shapes,
     torchvision_resnet50_shapes,
@@ -29,10 +32,15 @@ def published():
     """(format, key list) of each published checkpoint layout (zoo_names.py)."""
     return [
         ("detectron2", detectron2_mask_rcnn_r50_fpn_shapes()),
+        ("detectron2", detectron2_mask_rcnn_r50_c4_shapes()),
         ("torchvision-detection", torchvision_maskrcnn_v1_shapes()),
         ("maskrcnn-benchmark", maskrcnn_benchmark_mask_rcnn_r50_fpn_shapes(ddp=True)),
         ("maskrcnn-benchmark", maskrcnn_benchmark_mask_rcnn_r50_fpn_shapes(ddp=False)),
+        ("maskrcnn-benchmark", maskrcnn_benchmark_mask_rcnn_r50_c4_shapes(ddp=True)),
+        ("maskrcnn-benchmark", maskrcnn_benchmark_mask_rcnn_r50_c4_shapes(ddp=False)),
         ("caffe2-detection", caffe2_detectron_mask_rcnn_r50_fpn_shapes()),
+        ("caffe2-detection", caffe2_detectron_mask_rcnn_r50_fpn_shapes(momentum=False)),
+        ("caffe2-detection", caffe2_detectron_mask_rcnn_r50_c4_shapes()),
         ("caffe2-resnet", caffe2_resnet50_shapes()),
         ("torchvision-resnet", torchvision_resnet50_shapes()),
         ("torchvision-resnet", torchvision_resnet50_shapes(prefix="module.pre.")),
@@ -43,8 +51,8 @@ def test_the_table():
     assert len(set(FORMATS)) == len(FORMATS) == len(LAYOUTS)
     for row in LAYOUTS:
         assert row.signature and row.source
-        if row.preset:
-            assert (REPO / row.preset).is_file(), row.preset
+        for preset in row.presets:
+            assert (REPO / preset).is_file(), preset
     assert {fmt for fmt, _ in published()} | {"detcore"} == set(FORMATS)  # every row is tested below
 
 
@@ -125,18 +133,45 @@ def test_a_few_extra_keys_load_and_are_reported():
     assert not report.complete and "UNEXPECTED" in report.table()
 
 
-def test_detectron_c4_pickle_is_no_fpn_model():
-    # A Detectron R-50-C4 model_final.pkl: its res5 is the box head and its RPN sits on res4,
-    # so its blob names fit neither the FPN layout nor ImageNet weights.
-    keys = {k: v for k, v in caffe2_resnet50_shapes().items() if not k.startswith("fc1000")}
-    keys.update({"conv_rpn_w": (1024, 1024, 3, 3), "conv_rpn_b": (1024,), "rpn_cls_logits_w": (15, 1024, 1, 1),
-                 "rpn_cls_logits_b": (15,), "rpn_bbox_pred_w": (60, 1024, 1, 1), "rpn_bbox_pred_b": (60,),
-                 "cls_score_w": (81, 2048), "cls_score_b": (81,), "bbox_pred_w": (324, 2048), "bbox_pred_b": (324,)})  # fmt: skip
+def test_detectron_fast_rcnn_pickle_is_refused():
+    # A Detectron R-50-C4 Fast R-CNN model_final.pkl (precomputed proposals: no RPN): a caffe2
+    # body with box predictors, neither a Mask / Faster R-CNN (no FPN, no C4 RPN) nor ImageNet weights.
+    keys = {k: v for k, v in caffe2_detectron_mask_rcnn_r50_c4_shapes(momentum=False).items()
+            if not k.startswith(("conv_rpn", "rpn_", "conv5_mask", "mask_fcn"))}  # fmt: skip
     with pytest.raises(ValueError) as info:
         detect_format(keys)
     message = str(info.value)
-    assert "caffe2-detection" in message and "lacks Detectron's FPN" in message
+    assert "caffe2-detection" in message and "lacks Detectron's FPN (fpn_inner_res5_2_sum_w ...) or C4 RPN" in message
     assert "caffe2-resnet" in message and "never have: bbox_pred_b, bbox_pred_w" in message
+
+
+def test_maskrcnn_benchmark_retinanet_is_refused():
+    # maskrcnn-benchmark's RetinaNet R-50-FPN: its stem, FPN and "rpn.head" names are those of
+    # its Mask R-CNN, but the towers and P6/P7 convs are not, and the cls_logits shapes differ.
+    keys = {k: v for k, v in maskrcnn_benchmark_mask_rcnn_r50_fpn_shapes(ddp=False).items()
+            if k.startswith(("backbone.body.", "rpn.anchor_generator.")) or "fpn_inner1" not in k and "fpn_layer1" not in k
+            and k.startswith("backbone.fpn.")}  # fmt: skip
+    for tower in ("cls_tower", "bbox_tower"):
+        for i in (0, 2, 4, 6):
+            keys[f"rpn.head.{tower}.{i}.weight"], keys[f"rpn.head.{tower}.{i}.bias"] = (256, 256, 3, 3), (256,)
+    keys["rpn.head.cls_logits.weight"], keys["rpn.head.cls_logits.bias"] = (720, 256, 3, 3), (720,)
+    keys["rpn.head.bbox_pred.weight"], keys["rpn.head.bbox_pred.bias"] = (36, 256, 3, 3), (36,)
+    for p in ("p6", "p7"):
+        keys[f"backbone.fpn.top_blocks.{p}.weight"], keys[f"backbone.fpn.top_blocks.{p}.bias"] = (256, 256, 3, 3), (256,)
+    with pytest.raises(ValueError) as info:
+        detect_format(keys)
+    closest = str(info.value).split("Closest:\n")[1].splitlines()
+    mb = next(line for line in closest if line.startswith("  - maskrcnn-benchmark"))
+    assert "RetinaNet head or P6/P7 convs" in mb and "backbone.fpn.top_blocks.p6.bias" in mb
+
+
+def test_maskrcnn_benchmark_c4_without_its_box_head_is_refused():
+    # The C4 body and RPN alone (the box head cut off): a near miss of the C4 signature.
+    keys = {k: v for k, v in maskrcnn_benchmark_mask_rcnn_r50_c4_shapes(ddp=False).items() if not k.startswith("roi_heads.")}
+    with pytest.raises(ValueError) as info:
+        detect_format(keys)
+    assert "maskrcnn-benchmark" in str(info.value)
+    assert "lacks maskrcnn-benchmark's FPN (backbone.fpn.fpn_inner1 ...) or C4 box head" in str(info.value)
 
 
 def test_torchvision_detection_is_no_imagenet_resnet():

@@ -127,7 +127,7 @@ def test_maskrcnn_benchmark_pth_fills_the_preset_name_by_name(tmp_path, preset_m
     for mb, ours in body.items():
         assert torch.equal(converted["backbone.bottom_up." + ours], model_state["module.backbone.body." + mb]), mb
     got = converted["backbone.bottom_up.res3.0.downsample.1.running_var"]
-    torch.testing.assert_close(got + EPS, model_state["module.backbone.body.layer2.0.downsample.1.running_var"])
+    assert torch.equal(got, model_state["module.backbone.body.layer2.0.downsample.1.running_var"] - EPS)
     preset_model.load_state_dict(converted, strict=True)
 
 

@@ -161,3 +161,36 @@ def test_legacy_rescale_and_paste_match_maskrcnn_benchmark():
     plain = detector_postprocess(result, out_h, out_w, paste_mode="torchvision")
     assert not torch.allclose(plain.pred_boxes.tensor, expected_boxes)
     assert not torch.equal(plain.pred_masks, expected_masks)
+
+
+# --- proposal ranking --------------------------------------------------------------------------------
+def test_sigmoid_ranking_keeps_saturated_ties_in_level_order():
+    # maskrcnn-benchmark ranks proposals by sigmoid(objectness): saturated ones tie at 1.0. Here
+    # ties keep the order of the per-level candidates (p2 first, each level by logit), which is
+    # what a stable sort of its concatenated levels gives.
+    g = torch.Generator().manual_seed(4)
+    height, width = 120, 160
+    boxes, logits = [], []
+    for h, w in [(30, 40), (15, 20), (8, 10)]:
+        n = h * w * 3
+        centers = torch.rand(1, n, 2, generator=g) * torch.tensor([width, height])
+        sides = torch.rand(1, n, 2, generator=g) * 40 + 2
+        boxes.append(torch.cat([centers - sides / 2, centers + sides / 2], 2))
+        logits.append(torch.randn(1, n, generator=g) * 20)
+    pre, post = 300, 200
+    got = find_top_rpn_proposals([b.clone() for b in boxes], logits, [(height, width)], 0.7, pre, post, ranking="sigmoid")[0]
+
+    cand_boxes, cand_probs = [], []
+    for b, lg in zip(boxes, logits):
+        top = lg[0].topk(min(pre, lg.shape[1])).indices
+        level_boxes = torchvision.ops.clip_boxes_to_image(b[0, top], (height, width))
+        level_probs = torch.sigmoid(lg[0, top])
+        kept = torchvision.ops.nms(level_boxes, level_probs, 0.7)  # stable: ties by index
+        cand_boxes.append(level_boxes[kept])
+        cand_probs.append(level_probs[kept])
+    probs = torch.cat(cand_probs)
+    order = torch.sort(probs, descending=True, stable=True).indices[:post]
+    assert int((probs[order] == 1).sum()) == post  # every kept proposal is a tie
+    assert torch.equal(got.proposal_boxes.tensor, torch.cat(cand_boxes)[order])
+    by_logit = find_top_rpn_proposals([b.clone() for b in boxes], logits, [(height, width)], 0.7, pre, post)[0]
+    assert not torch.equal(by_logit.proposal_boxes.tensor, got.proposal_boxes.tensor)

@@ -231,3 +231,67 @@ def caffe2_detectron_mask_rcnn_r50_fpn_shapes(momentum=True):
             if momentum:
                 s[f"{blob}_{leaf}_momentum"] = leaf_shape
     return s
+
+
+def _maskrcnn_benchmark_resnet(s, prefix, stages):
+    """maskrcnn-benchmark ResNet stages (torchvision's Bottleneck names, FrozenBatchNorm2d with
+    weight, bias, running_mean, running_var) `layer{k}` for k in ``stages`` (1-based) under ``prefix``."""
+    for stage, i, cin, mid, out in _r50_blocks():
+        if stage + 1 not in stages:
+            continue
+        p = f"{prefix}layer{stage + 1}.{i}."
+        if i == 0:
+            s[p + "downsample.0.weight"] = (out, cin, 1, 1)
+            _norm(s, p + "downsample.1", out)
+        for j, (co, ci, k) in enumerate(((mid, cin, 1), (mid, mid, 3), (out, mid, 1)), start=1):
+            s[f"{p}conv{j}.weight"] = (co, ci, k, k)
+            _norm(s, f"{p}bn{j}", co)
+
+
+def maskrcnn_benchmark_mask_rcnn_r50_c4_shapes(ddp=True):
+    """maskrcnn-benchmark's e2e_mask_rcnn_R_50_C4_1x model: `backbone` is a Sequential holding
+    only `body` (CONV_BODY "R-50-C4": the stem and layer1..layer3); `rpn` (one AnchorGenerator
+    level of 15 anchors, RPNHead on 1024 channels); `roi_heads.box` (ResNet50Conv5ROIFeatureExtractor:
+    a ResNetHead whose one stage is `head.layer4`, FastRCNNPredictor `cls_score` / `bbox_pred` on
+    2048, 81 classes) and `roi_heads.mask` (SHARE_BOX_FEATURE_EXTRACTOR True: CombinedROIHeads
+    assigns the box head's feature_extractor to the mask head, so the same module appears under
+    both names; MaskRCNNC4Predictor `conv5_mask` 2048 -> 256, `mask_fcn_logits`)."""
+    s = {"backbone.body.stem.conv1.weight": (64, 3, 7, 7)}
+    _norm(s, "backbone.body.stem.bn1", 64)
+    _maskrcnn_benchmark_resnet(s, "backbone.body.", (1, 2, 3))
+    s["rpn.anchor_generator.cell_anchors.0"] = (15, 4)
+    s["rpn.head.conv.weight"], s["rpn.head.conv.bias"] = (1024, 1024, 3, 3), (1024,)
+    s["rpn.head.cls_logits.weight"], s["rpn.head.cls_logits.bias"] = (15, 1024, 1, 1), (15,)
+    s["rpn.head.bbox_pred.weight"], s["rpn.head.bbox_pred.bias"] = (60, 1024, 1, 1), (60,)
+    _maskrcnn_benchmark_resnet(s, "roi_heads.box.feature_extractor.head.", (4,))
+    b = "roi_heads.box."
+    s[b + "predictor.cls_score.weight"], s[b + "predictor.cls_score.bias"] = (81, 2048), (81,)
+    s[b + "predictor.bbox_pred.weight"], s[b + "predictor.bbox_pred.bias"] = (324, 2048), (324,)
+    _maskrcnn_benchmark_resnet(s, "roi_heads.mask.feature_extractor.head.", (4,))
+    m = "roi_heads.mask."
+    s[m + "predictor.conv5_mask.weight"], s[m + "predictor.conv5_mask.bias"] = (2048, 256, 2, 2), (256,)
+    s[m + "predictor.mask_fcn_logits.weight"], s[m + "predictor.mask_fcn_logits.bias"] = (81, 256, 1, 1), (81,)
+    return {("module." + k if ddp else k): v for k, v in s.items()}
+
+
+def caffe2_detectron_mask_rcnn_r50_c4_shapes(momentum=True):
+    """Detectron's e2e_mask_rcnn_R-50-C4_1x model_final.pkl blobs: the MSRA R-50 body through
+    res4 and, as the box head, ResNet.add_ResNet_roi_conv5_head's stage under the same `res5_*`
+    names; the single-scale RPN (rpn_heads: `conv_rpn`, `rpn_cls_logits`, `rpn_bbox_pred`, 15
+    anchors); `cls_score` / `bbox_pred` on 2048; mask_rcnn_fcn_head_v0upshare, which reuses res5
+    and adds `conv5_mask` (2048 -> 256) and `mask_fcn_logits`. `_momentum` blobs for the
+    trained weights (res3 .. res5 convs and the heads)."""
+    s = {k: v for k, v in caffe2_resnet50_shapes().items() if not k.startswith("fc1000")}
+    trainable = [(k[: -len("_w")], v) for k, v in s.items() if k[:4] in ("res3", "res4", "res5") and k.endswith("_w")]
+    trainable += [("conv_rpn", (1024, 1024, 3, 3)), ("rpn_cls_logits", (15, 1024, 1, 1)),
+                  ("rpn_bbox_pred", (60, 1024, 1, 1)), ("cls_score", (81, 2048)), ("bbox_pred", (324, 2048)),
+                  ("conv5_mask", (2048, 256, 2, 2)), ("mask_fcn_logits", (81, 256, 1, 1))]  # fmt: skip
+    for blob, shape in trainable:
+        leaves = [("w", shape)]
+        if not blob.startswith("res"):
+            leaves.append(("b", (shape[1] if blob == "conv5_mask" else shape[0],)))
+        for leaf, leaf_shape in leaves:
+            s[f"{blob}_{leaf}"] = leaf_shape
+            if momentum:
+                s[f"{blob}_{leaf}_momentum"] = leaf_shape
+    return s
