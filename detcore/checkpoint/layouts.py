@@ -13,7 +13,11 @@ is missing and which keys they could not place: never a silent partial load. Two
 share most names (maskrcnn-benchmark's body is torchvision's under ``backbone.body.``), so a
 prefix alone never decides.
 
-A new family of checkpoints is a new row in `LAYOUTS` (with its converter); nothing else changes.
+A new family of checkpoints is a new row in `LAYOUTS` (with its converter); nothing else changes:
+detection, the error message, ``--format`` and the loader's notes read the table. The steps
+(converter, signature and excludes, preset, tests) are in docs/adding_a_component.md, "A
+checkpoint format". A family with several architectures (FPN and C4) stays one row: its
+signature entry alternates and its converter places the keys per file.
 """
 import re
 from dataclasses import dataclass, field

@@ -1,7 +1,9 @@
 """Parameter names and shapes of published R-50 checkpoints, written from those projects' model
-zoos (not from detcore's code): detectron2's COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_* and
-mask_rcnn_R_50_C4_* (model_final_*.pkl), torchvision's maskrcnn_resnet50_fpn_coco (the "v1" module layout of the
-published file) and the MSRA ImageNet R-50.pkl in caffe2 blob names (Detectron)."""
+zoos and model code (not from detcore's): detectron2's COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_*
+and mask_rcnn_R_50_C4_* (model_final_*.pkl), maskrcnn-benchmark's e2e_mask_rcnn_R_50_{FPN,C4}_1x
+(.pth) and Detectron's e2e_mask_rcnn_R-50-{FPN,C4}_1x (model_final.pkl), torchvision's
+maskrcnn_resnet50_fpn_coco (the "v1" module layout of the published file) and the MSRA ImageNet
+R-50.pkl in caffe2 blob names (Detectron)."""
 
 # ResNet-50: blocks per stage, bottleneck width of res2 (doubling), output width of res2.
 R50_BLOCKS = (3, 4, 6, 3)
