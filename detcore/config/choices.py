@@ -19,7 +19,8 @@ FREEZE_AT_STAGES = (0, 1, 2, 3, 4, 5)
 RESNET_OUT_FEATURES = ("stem", "res2", "res3", "res4", "res5")
 FPN_FUSE_TYPES = ("sum", "avg")
 # "none" is a spelling of "" (no extra level).
-FPN_TOP_BLOCKS = ("maxpool", "p6p7", "", "none")
+FPN_TOP_BLOCKS = ("maxpool", "p6p7", "p6p7_from_p5", "", "none")
+CELL_ANCHOR_ORDERS = ("size_major", "ratio_major")
 BOX_REG_LOSS_TYPES = ("smooth_l1", "l1", "giou")
 RPN_LOSS_NORMALIZERS = ("batch_size", "num_sampled")
 LEVEL_MAPPERS = ("detectron2", "torchvision")
@@ -44,6 +45,7 @@ CHOICES = {
     "MODEL.FPN.NORM": NORMS,
     "MODEL.FPN.FUSE_TYPE": FPN_FUSE_TYPES,
     "MODEL.FPN.TOP_BLOCK": FPN_TOP_BLOCKS,
+    "MODEL.ANCHOR_GENERATOR.CELL_ANCHOR_ORDER": CELL_ANCHOR_ORDERS,
     "MODEL.RPN.BBOX_REG_LOSS_TYPE": BOX_REG_LOSS_TYPES,
     "MODEL.RPN.LOSS_NORMALIZER": RPN_LOSS_NORMALIZERS,
     "MODEL.ROI_HEADS.LEVEL_MAPPER": LEVEL_MAPPERS,

@@ -88,7 +88,9 @@ _C.MODEL.FPN.NORM = ""
 # How the top-down and lateral paths combine: "sum" or "avg".
 _C.MODEL.FPN.FUSE_TYPE = "sum"
 # Extra coarser levels: "maxpool" (p6 = stride-2 max pool of p5, for Mask R-CNN),
-# "p6p7" (p6, p7 from convs on C5, for RetinaNet), or "" / "none" (no extra level).
+# "p6p7" (p6, p7 from stride-2 convs on C5, RetinaNet as published and in detectron2),
+# "p6p7_from_p5" (the same convs on P5, torchvision's retinanet_resnet50_fpn), or "" / "none"
+# (no extra level).
 _C.MODEL.FPN.TOP_BLOCK = "maxpool"
 
 # ---------------------------------------------------------------------------------------------
@@ -108,6 +110,10 @@ _C.MODEL.ANCHOR_GENERATOR.ROUND_CELL_ANCHORS = False
 # Per level and axis, stride = padded image size // feature map size instead of the nominal
 # stride (torchvision: an 800 px high input gets stride 61 on its 13-row p6).
 _C.MODEL.ANCHOR_GENERATOR.STRIDES_FROM_IMAGE_SIZE = False
+# Order of a location's anchors when a level has several sizes and ratios (RetinaNet):
+# "size_major" (all ratios of the first size, then the next size; Detectron, detectron2) or
+# "ratio_major" (all sizes of the first ratio, then the next; torchvision).
+_C.MODEL.ANCHOR_GENERATOR.CELL_ANCHOR_ORDER = "size_major"
 
 _C.MODEL.PROPOSAL_GENERATOR = CN()
 # Proposal generator name in the PROPOSAL_GENERATOR registry.

@@ -49,7 +49,7 @@ class Predictor:
         if self.cfg.MODEL.WEIGHTS:
             self.load_weights(self.cfg.MODEL.WEIGHTS)
         self.min_size, self.max_size = int(self.cfg.INPUT.MIN_SIZE_TEST), int(self.cfg.INPUT.MAX_SIZE_TEST)
-        self.has_masks = bool(getattr(self.model.roi_heads, "mask_on", False))
+        self.has_masks = bool(getattr(self.model, "mask_on", False))
 
     def load_weights(self, path: str) -> LoadReport:
         """Load a state dict or a trainer checkpoint into the model (the engine's loader: matching

@@ -46,7 +46,7 @@ class ExportableDetector(nn.Module):
         self.model = model.eval()
         self.input_layout = input_layout
         self.batch_size = batch_size
-        self.mask_on = bool(getattr(model.roi_heads, "mask_on", False))
+        self.mask_on = bool(getattr(model, "mask_on", False))
 
     def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
         images = [image] if self.batch_size is None else [image[i] for i in range(self.batch_size)]
