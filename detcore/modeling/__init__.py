@@ -3,8 +3,9 @@ from .anchor_generator import ANCHOR_GENERATOR_REGISTRY, build_anchor_generator
 from .backbone import BACKBONE_REGISTRY, build_backbone
 from .box_regression import Box2BoxTransform
 from .matcher import Matcher
-from .meta_arch import META_ARCH_REGISTRY, GeneralizedRCNN, build_model
+from .meta_arch import META_ARCH_REGISTRY, GeneralizedRCNN, RetinaNet, build_model
 from .poolers import ROIPooler
+from .retinanet_head import RetinaNetHead
 from .proposal_generator import PROPOSAL_GENERATOR_REGISTRY, RPN, RPN_HEAD_REGISTRY, build_proposal_generator
 from .roi_heads import (
     ROI_BOX_HEAD_REGISTRY,
@@ -31,6 +32,8 @@ __all__ = [
     "Matcher",
     "RPN",
     "ROIPooler",
+    "RetinaNet",
+    "RetinaNetHead",
     "StandardROIHeads",
     "build_anchor_generator",
     "build_backbone",

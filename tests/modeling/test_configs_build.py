@@ -1,5 +1,5 @@
 """Every yaml under configs/ (found recursively, so new ones are covered) builds a model on the CPU
-that trains for one step and runs inference.
+(GeneralizedRCNN or RetinaNet) that trains for one step and runs inference.
 
 Only sizes that do not change the architecture are shrunk (proposal counts, sampled ROIs,
 detections); the networks are exactly the configs'. The 101-layer bodies are marked slow.
@@ -31,6 +31,8 @@ SMALL = [
     "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", 32,
     # Random weights give low scores: keep every detection so the mask branch has work to do.
     "MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0,
+    "MODEL.RETINANET.SCORE_THRESH_TEST", 0.0,
+    "MODEL.RETINANET.TOPK_CANDIDATES_TEST", 100,
     "TEST.DETECTIONS_PER_IMAGE", 10,
 ]
 
@@ -74,7 +76,7 @@ def _targets(h, w, with_masks):
 
 def test_configs_are_found():
     names = {p.name for p in CONFIG_FILES}
-    assert {"e2e_mask_rcnn_R_50_FPN_1x.yaml", "e2e_faster_rcnn_R_50_FPN_1x.yaml"} <= names
+    assert {"e2e_mask_rcnn_R_50_FPN_1x.yaml", "e2e_faster_rcnn_R_50_FPN_1x.yaml", "retinanet_R_50_FPN_1x.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", _params())
@@ -83,7 +85,7 @@ def test_config_builds_trains_one_step_and_infers(path):
     cfg = _load(path)
     model = build_model(cfg)
     mask_on = cfg.MODEL.MASK_ON
-    assert model.roi_heads.mask_on == mask_on
+    assert model.mask_on == mask_on
 
     model.train()
     inputs = [
@@ -91,7 +93,10 @@ def test_config_builds_trains_one_step_and_infers(path):
         {"image": _image(64, 72, seed=2), "height": 64, "width": 72, "instances": _targets(64, 72, mask_on)},
     ]
     losses = model(inputs)
-    expected = {"loss_rpn_cls", "loss_rpn_loc", "loss_cls", "loss_box_reg"} | ({"loss_mask"} if mask_on else set())
+    if cfg.MODEL.META_ARCHITECTURE == "RetinaNet":
+        expected = {"loss_cls", "loss_box_reg"}
+    else:
+        expected = {"loss_rpn_cls", "loss_rpn_loc", "loss_cls", "loss_box_reg"} | ({"loss_mask"} if mask_on else set())
     assert set(losses) == expected
     assert all(v.dim() == 0 and torch.isfinite(v) for v in losses.values()), losses
     sum(losses.values()).backward()

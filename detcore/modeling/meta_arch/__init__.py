@@ -2,5 +2,6 @@
 from .build import META_ARCH_REGISTRY, build_model
 from .base import Detector
 from .rcnn import GeneralizedRCNN
+from .retinanet import RetinaNet
 
-__all__ = ["META_ARCH_REGISTRY", "Detector", "GeneralizedRCNN", "build_model"]
+__all__ = ["META_ARCH_REGISTRY", "Detector", "GeneralizedRCNN", "RetinaNet", "build_model"]
