@@ -39,6 +39,10 @@ class Predictor:
     * ``labels``: int64 ``[N]`` class indices in ``[0, NUM_CLASSES)``;
     * ``masks``: bool ``[N, H, W]``, only for models with a mask head;
     * ``instances``: the model's raw ``Instances`` (on the CPU).
+
+    A ProposalNetwork (RPN-only model) gives its proposals instead: ``boxes`` float32 ``[N, 4]``,
+    ``objectness_logits`` float32 ``[N]`` (by decreasing objectness) and ``proposals`` (its raw
+    ``Instances``).
     """
 
     def __init__(self, cfg):
@@ -106,7 +110,19 @@ class Predictor:
             return []
         with torch.no_grad():
             outputs = self.runner(inputs)
-        return [self._as_arrays(out["instances"].to("cpu"), x["height"], x["width"]) for out, x in zip(outputs, inputs)]
+        return [
+            self._proposal_arrays(out["proposals"].to("cpu")) if "proposals" in out
+            else self._as_arrays(out["instances"].to("cpu"), x["height"], x["width"])
+            for out, x in zip(outputs, inputs)
+        ]
+
+    @staticmethod
+    def _proposal_arrays(proposals) -> dict:
+        return {
+            "boxes": proposals.proposal_boxes.tensor.numpy().astype(np.float32, copy=False),
+            "objectness_logits": proposals.objectness_logits.numpy().astype(np.float32, copy=False),
+            "proposals": proposals,
+        }
 
     def _as_arrays(self, instances, height: int, width: int) -> dict:
         out = {

@@ -17,6 +17,10 @@ from detcore.modeling import (
     Box2BoxTransform,
     GeneralizedRCNN,
     Matcher,
+    ProposalNetwork,
+    Res5ROIHeads,
+    RetinaNet,
+    RetinaNetHead,
     ROIPooler,
     StandardROIHeads,
     build_model,
@@ -24,6 +28,7 @@ from detcore.modeling import (
 from detcore.modeling.anchor_generator import DefaultAnchorGenerator
 from detcore.modeling.backbone import FPN, LastLevelMaxPool, LastLevelP6P7, ResNet, RetinaNetFPN
 from detcore.modeling.proposal_generator import RPN, StandardRPNHead
+from detcore.modeling.backbone.resnet import make_stage
 from detcore.modeling.roi_heads import FastRCNNConvFCHead, FastRCNNOutputLayers, MaskRCNNConvUpsampleHead
 from detcore.utils.registry import Registry, build_from_config
 
@@ -109,9 +114,71 @@ def plain_rcnn():
     )
 
 
+def plain_proposal_network():
+    return ProposalNetwork(
+        backbone=plain_fpn(),
+        proposal_generator=plain_rpn(),
+        pixel_mean=[103.530, 116.280, 123.675],
+        pixel_std=[57.375, 57.120, 58.395],
+        size_divisibility=32,
+        channels_last=True,
+    )
+
+
+def plain_retinanet():
+    """small_cfg("retinanet_R_18_FPN_shapes.yaml"): P3-P5 from res3-res5, no top block."""
+    resnet = ResNet(
+        18, in_channels=3, out_features=["res3", "res4", "res5"], num_groups=1, width_per_group=64,
+        stem_out_channels=64, res2_out_channels=64, stride_in_1x1=True, norm="GN", res5_dilation=1, freeze_at=0,
+    )
+    octaves = [2 ** (i / 3) for i in range(3)]
+    return RetinaNet(
+        backbone=FPN(resnet, ["res3", "res4", "res5"], CHANNELS, norm="GN", top_block=None, fuse_type="sum"),
+        head=RetinaNetHead(in_channels=CHANNELS, num_anchors=9, num_classes=3, num_convs=4, norm="GN", prior_prob=0.01),
+        head_in_features=["p3", "p4", "p5"],
+        anchor_generator=DefaultAnchorGenerator(
+            sizes=[[s * o for o in octaves] for s in (32.0, 64.0, 128.0)], aspect_ratios=[[0.5, 1.0, 2.0]],
+            strides=[8, 16, 32], offset=0.0,
+        ),
+        box2box_transform=Box2BoxTransform((1.0, 1.0, 1.0, 1.0)),
+        anchor_matcher=Matcher([0.4, 0.5], [0, -1, 1], allow_low_quality_matches=True),
+        num_classes=3,
+        pixel_mean=[103.530, 116.280, 123.675],
+        pixel_std=[57.375, 57.120, 58.395],
+        smooth_l1_beta=0.11,
+        max_detections_per_image=20,
+        size_divisibility=32,
+    )
+
+
+def plain_res5_roi_heads():
+    """small_cfg("mask_rcnn_R_18_C4_shapes.yaml")'s ROI heads on a stride-16 res4 of 256 channels."""
+    torch.manual_seed(0)  # make_stage draws no init of its own: init_resnet_weights only fills values
+    res5, out_channels = make_stage(18, 3, 256, first_stride=2, num_groups=1, width_per_group=64,
+                                    res2_out_channels=64, stride_in_1x1=True, norm="GN")
+    return Res5ROIHeads(
+        in_features=["res4"],
+        pooler=ROIPooler(8, (1 / 16,), sampling_ratio=0),
+        res5=res5,
+        box_predictor=FastRCNNOutputLayers(
+            ShapeSpec(channels=out_channels), box2box_transform=Box2BoxTransform((10.0, 10.0, 5.0, 5.0)),
+            num_classes=3, test_score_thresh=0.0, test_topk_per_image=20,
+        ),
+        num_classes=3,
+        batch_size_per_image=32,
+        positive_fraction=0.25,
+        proposal_matcher=Matcher([0.5], [0, 1]),
+        mask_head=MaskRCNNConvUpsampleHead(ShapeSpec(channels=out_channels, height=4, width=4), num_classes=3, conv_dims=[32, 32]),
+    )
+
+
 # registry -> {registered name: (plain-argument builder, what the registry's build gets besides cfg)}
 BUILT_IN = {
-    "META_ARCH": {"GeneralizedRCNN": (plain_rcnn, ())},
+    "META_ARCH": {
+        "GeneralizedRCNN": (plain_rcnn, ()),
+        "ProposalNetwork": (plain_proposal_network, ()),
+        "RetinaNet": (plain_retinanet, ()),
+    },
     "BACKBONE": {
         "ResNet": (plain_resnet, (ShapeSpec(channels=3),)),
         "FPN": (plain_fpn, (ShapeSpec(channels=3),)),
@@ -120,7 +187,10 @@ BUILT_IN = {
     "ANCHOR_GENERATOR": {"DefaultAnchorGenerator": (plain_anchor_generator, (list(LEVEL_SHAPES.values()),))},
     "PROPOSAL_GENERATOR": {"RPN": (plain_rpn, (LEVEL_SHAPES,))},
     "RPN_HEAD": {"StandardRPNHead": (lambda: StandardRPNHead(CHANNELS, 3), (list(LEVEL_SHAPES.values()),))},
-    "ROI_HEADS": {"StandardROIHeads": (plain_roi_heads, (LEVEL_SHAPES,))},
+    "ROI_HEADS": {
+        "StandardROIHeads": (plain_roi_heads, (LEVEL_SHAPES,)),
+        "Res5ROIHeads": (plain_res5_roi_heads, ({"res4": ShapeSpec(channels=256, stride=16)},)),
+    },
     "ROI_BOX_HEAD": {"FastRCNNConvFCHead": (plain_box_head, (ShapeSpec(channels=CHANNELS, height=7, width=7),))},
     "ROI_BOX_PREDICTOR": {"FastRCNNOutputLayers": (plain_box_predictor, (ShapeSpec(channels=32),))},
     "ROI_MASK_HEAD": {
@@ -180,8 +250,16 @@ def describe(module: nn.Module):
     return out
 
 
+# The config a component is built from, when not the R-18 FPN Mask R-CNN's.
+CONFIG_OF = {
+    "ProposalNetwork": "rpn_R_18_FPN_shapes.yaml",
+    "RetinaNet": "retinanet_R_18_FPN_shapes.yaml",
+    "Res5ROIHeads": "mask_rcnn_R_18_C4_shapes.yaml",
+}
+
+
 def selecting(registry: Registry, name: str):
-    cfg = small_cfg()
+    cfg = small_cfg(CONFIG_OF.get(name, "e2e_mask_rcnn_R_18_FPN_shapes.yaml"))
     cfg.merge_from_list([registry.config_key, name])
     return cfg
 

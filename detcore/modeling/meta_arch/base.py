@@ -1,10 +1,11 @@
-"""What every meta-architecture does around its network: normalize and pad the input images,
-batch inference so that padding never changes a detection, and map the results back to each
-image's original size.
+"""What every meta-architecture (GeneralizedRCNN, ProposalNetwork, RetinaNet) does around its
+heads: normalize and pad the input images, check the training targets, at inference batch
+together only images of the same padded size, and map the results back to each image's size.
 
-A subclass builds its parts, then calls ``finish_init()`` (channels-last needs every weight to
-exist), implements ``forward`` for training and ``_inference_batch`` (one padded batch →
-per-image ``Instances`` in the resized input frame).
+A subclass passes its backbone and its other sub-modules (by name, in order) to
+``DetectorBase.__init__``, implements ``forward`` (training) and ``_inference_batch`` (one padded
+batch → per image an ``Instances`` in the resized input's frame), and, if its results are not
+detections, ``result_key`` and ``postprocess_one``.
 """
 import math
 from typing import Dict, List, Sequence
@@ -15,31 +16,38 @@ from torch import nn
 from detcore.structures import ImageList, Instances
 from detcore.structures.image_list import padded_side
 
+from ..backbone import Backbone
 from ..postprocessing import detector_postprocess
 
-__all__ = ["Detector"]
+__all__ = ["DetectorBase"]
 
 
-class Detector(nn.Module):
+class DetectorBase(nn.Module):
     """Args:
-        backbone: a Backbone (its ``size_divisibility`` joins ``size_divisibility``).
-        pixel_mean, pixel_std: per channel, subtracted from and dividing the 0-255 pixels.
-        input_format: "BGR" or "RGB", the channel order of the input images.
-        size_divisibility: the padded batch is a multiple of this and of the backbone's own.
-        channels_last: keep weights and images in NHWC (see MODEL.CHANNELS_LAST).
+        backbone: image batch → named feature maps.
+        pixel_mean, pixel_std: per-channel normalization, in ``input_format`` order.
+        input_format: channel order of the images ("BGR" or "RGB").
+        size_divisibility: pad batches to a multiple of this (and of the backbone's own).
+        channels_last: keep weights and images in NHWC memory layout.
+        **heads: the other sub-modules (e.g. proposal_generator, roi_heads), registered in the
+            order given, after the backbone (checkpoints list them in that order).
     """
 
+    # Whether results carry masks (Predictor and export ask the model, whatever its heads).
     mask_on = False
+    # The key of each postprocessed result in the output dicts.
+    result_key = "instances"
 
     def __init__(
         self,
         *,
-        backbone: nn.Module,
+        backbone: Backbone,
         pixel_mean: Sequence[float],
         pixel_std: Sequence[float],
         input_format: str = "BGR",
         size_divisibility: int = 0,
         channels_last: bool = False,
+        **heads: nn.Module,
     ):
         super().__init__()
         if len(pixel_mean) != len(pixel_std):
@@ -47,6 +55,8 @@ class Detector(nn.Module):
                 f"pixel_mean and pixel_std must have the same length, got {len(pixel_mean)} and {len(pixel_std)}"
             )
         self.backbone = backbone
+        for name, module in heads.items():
+            self.add_module(name, module)
         self.input_format = input_format
         # The batch is padded to a multiple of both the requested divisibility and the backbone's
         # own (FPN needs its coarsest stride to divide the input); 0 or 1 means no constraint.
@@ -56,12 +66,9 @@ class Detector(nn.Module):
         # from training, so checkpoints do not carry them.
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32).view(-1, 1, 1), False)
         self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32).view(-1, 1, 1), False)
+        # Weights (here) and images (preprocess_image) in NHWC; conv outputs then stay NHWC.
         self.channels_last = channels_last
-
-    def finish_init(self) -> None:
-        """Called by the subclass once all its modules exist: weights (here) and images
-        (preprocess_image) in NHWC, so that conv outputs stay NHWC."""
-        if self.channels_last:
+        if channels_last:
             self.to(memory_format=torch.channels_last)
 
     @property
@@ -93,9 +100,9 @@ class Detector(nn.Module):
 
     @torch.no_grad()
     def inference(self, batched_inputs: List[Dict], do_postprocess: bool = True) -> List:
-        """Detections per input. Images are batched with those of the same padded size only, so
-        each is padded as it would be alone: a batch gives the detections of one-by-one
-        inference (up to float rounding), whatever else is in it."""
+        """Outputs per input. Images are batched with those of the same padded size only, so
+        each is padded as it would be alone: a batch gives the outputs of one-by-one inference
+        (up to float rounding), whatever else is in it."""
         sizes = [self._padded_size(x.get("image")) for x in batched_inputs]
         if len(batched_inputs) <= 1 or any(isinstance(v, torch.SymInt) for size in sizes for v in size):
             # One image; or traced for export, where a batch is one tensor of equal images.
@@ -118,16 +125,18 @@ class Detector(nn.Module):
         return padded_side(h, self.size_divisibility), padded_side(w, self.size_divisibility)
 
     def _inference_batch(self, batched_inputs: List[Dict], do_postprocess: bool) -> List:
+        """One padded batch → per image the raw results (``do_postprocess=False``: Instances in
+        the input's size) or the outputs in the original image size."""
         raise NotImplementedError(f"{type(self).__name__} must implement _inference_batch")
 
     def postprocess(self, results: List[Instances], batched_inputs: List[Dict]) -> List[Dict]:
         """Each result rescaled from the resized input to the size the input dict asks for
-        ("height" / "width", default: the input's own)."""
+        ("height" / "width", default: the input's own), as ``{result_key: Instances}``."""
         processed = []
         for result, x in zip(results, batched_inputs):
             height = x.get("height", result.image_size[0])
             width = x.get("width", result.image_size[1])
-            processed.append({"instances": self.postprocess_one(result, height, width)})
+            processed.append({self.result_key: self.postprocess_one(result, height, width)})
         return processed
 
     def postprocess_one(self, result: Instances, height: int, width: int) -> Instances:

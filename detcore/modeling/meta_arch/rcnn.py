@@ -13,16 +13,16 @@ from ..backbone import Backbone, build_backbone
 from ..postprocessing import detector_postprocess
 from ..proposal_generator import build_proposal_generator
 from ..roi_heads import build_roi_heads
-from .base import Detector
+from .base import DetectorBase
 from .build import META_ARCH_REGISTRY
 
 __all__ = ["GeneralizedRCNN"]
 
 
 @META_ARCH_REGISTRY.register()
-class GeneralizedRCNN(Detector):
+class GeneralizedRCNN(DetectorBase):
     """Faster / Mask R-CNN: what the heads are is decided by the config (MODEL.MASK_ON, ...).
-    Input normalization, padding, batched inference and rescaling are the Detector's."""
+    Input normalization, padding, batched inference and rescaling are DetectorBase's."""
 
     def __init__(
         self,
@@ -45,12 +45,11 @@ class GeneralizedRCNN(Detector):
             input_format=input_format,
             size_divisibility=size_divisibility,
             channels_last=channels_last,
+            proposal_generator=proposal_generator,
+            roi_heads=roi_heads,
         )
-        self.proposal_generator = proposal_generator
-        self.roi_heads = roi_heads
         self.mask_threshold = mask_threshold
         self.paste_mode = paste_mode
-        self.finish_init()
 
     @classmethod
     def from_config(cls, cfg):

@@ -28,7 +28,7 @@ from ..backbone import Backbone, build_backbone
 from ..box_regression import Box2BoxTransform, box_loss
 from ..matcher import Matcher
 from ..retinanet_head import RetinaNetHead
-from .base import Detector
+from .base import DetectorBase
 from .build import META_ARCH_REGISTRY
 
 __all__ = ["RetinaNet"]
@@ -39,7 +39,7 @@ _NORMALIZER_MOMENTUM = 0.9
 
 
 @META_ARCH_REGISTRY.register()
-class RetinaNet(Detector):
+class RetinaNet(DetectorBase):
     """Args:
         backbone: a Backbone whose outputs include ``head_in_features``.
         head: maps the list of those feature maps to (class logits ``[B, A*K, H, W]``, deltas
@@ -60,7 +60,7 @@ class RetinaNet(Detector):
         max_detections_per_image: detections kept per image after the NMS.
         clip_before_nms: clip boxes to the image before the NMS (torchvision) instead of after
             (detectron2). Results are clipped either way.
-        pixel_mean, pixel_std, input_format, size_divisibility, channels_last: see Detector.
+        pixel_mean, pixel_std, input_format, size_divisibility, channels_last: see DetectorBase.
     """
 
     def __init__(
@@ -96,8 +96,9 @@ class RetinaNet(Detector):
             input_format=input_format,
             size_divisibility=size_divisibility,
             channels_last=channels_last,
+            head=head,
+            anchor_generator=anchor_generator,
         )
-        self.head = head
         self.head_in_features = list(head_in_features)
         missing = [f for f in self.head_in_features if f not in backbone.output_shape()]
         if not self.head_in_features or missing:
@@ -105,7 +106,6 @@ class RetinaNet(Detector):
                 f"RetinaNet: head_in_features {self.head_in_features} must be outputs of the backbone "
                 f"{list(backbone.output_shape())}"
             )
-        self.anchor_generator = anchor_generator
         self.box2box_transform = box2box_transform
         self.anchor_matcher = anchor_matcher
         if num_classes < 1:
@@ -131,7 +131,6 @@ class RetinaNet(Detector):
         self.test_nms_thresh = float(test_nms_thresh)
         self.max_detections_per_image = int(max_detections_per_image)
         self.clip_before_nms = bool(clip_before_nms)
-        self.finish_init()
 
     @classmethod
     def from_config(cls, cfg):
