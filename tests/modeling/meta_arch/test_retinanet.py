@@ -142,11 +142,12 @@ def _plain_losses(case, normalizer, alpha=0.25, gamma=2.0, beta=0.0):
 
 @pytest.mark.parametrize("normalizer", ["num_foreground", "per_image"])
 @pytest.mark.parametrize("beta", [0.0, 0.11])
-def test_losses_match_a_plain_computation(model, normalizer, beta):
+@pytest.mark.parametrize("gamma", [1.0, 2.0])  # the shapes config's and the paper's
+def test_losses_match_a_plain_computation(model, normalizer, beta, gamma):
     case = _loss_case()
-    with _settings(model, loss_normalizer=normalizer, smooth_l1_beta=beta):
+    with _settings(model, loss_normalizer=normalizer, smooth_l1_beta=beta, focal_loss_gamma=gamma):
         losses = model.losses(*case)
-    expected_cls, expected_box = _plain_losses(case, normalizer, beta=beta)
+    expected_cls, expected_box = _plain_losses(case, normalizer, gamma=gamma, beta=beta)
     torch.testing.assert_close(losses["loss_cls"], expected_cls)
     torch.testing.assert_close(losses["loss_box_reg"], expected_box)
 
@@ -167,7 +168,7 @@ def test_moving_average_normalizer_follows_detectron2():
     assert math.isclose(model.moving_normalizer, expected)
     second = model.losses(*case)
     assert math.isclose(model.moving_normalizer, 0.9 * expected + 0.1 * 5)
-    plain_cls, _ = _plain_losses(case, "num_foreground")
+    plain_cls, _ = _plain_losses(case, "num_foreground", gamma=model.focal_loss_gamma)
     torch.testing.assert_close(first["loss_cls"], plain_cls * 5 / expected)
     torch.testing.assert_close(second["loss_cls"], plain_cls * 5 / model.moving_normalizer)
     model.eval()  # evaluation does not move it
