@@ -18,7 +18,6 @@ from detcore.modeling import (
     GeneralizedRCNN,
     Matcher,
     ProposalNetwork,
-    Res5ROIHeads,
     RetinaNet,
     RetinaNetHead,
     ROIPooler,
@@ -27,9 +26,9 @@ from detcore.modeling import (
 )
 from detcore.modeling.anchor_generator import DefaultAnchorGenerator
 from detcore.modeling.backbone import FPN, LastLevelMaxPool, LastLevelP6P7, ResNet, RetinaNetFPN
-from detcore.modeling.proposal_generator import RPN, StandardRPNHead
 from detcore.modeling.backbone.resnet import make_stage
-from detcore.modeling.roi_heads import FastRCNNConvFCHead, FastRCNNOutputLayers, MaskRCNNConvUpsampleHead
+from detcore.modeling.proposal_generator import RPN, StandardRPNHead
+from detcore.modeling.roi_heads import FastRCNNConvFCHead, FastRCNNOutputLayers, MaskRCNNConvUpsampleHead, Res5ROIHeads
 from detcore.utils.registry import Registry, build_from_config
 
 from .small_config import small_cfg
@@ -102,15 +101,22 @@ def plain_roi_heads():
     )
 
 
-def plain_rcnn():
-    return GeneralizedRCNN(
-        backbone=plain_fpn(),
-        proposal_generator=plain_rpn(),
-        roi_heads=plain_roi_heads(),
-        pixel_mean=[103.530, 116.280, 123.675],
-        pixel_std=[57.375, 57.120, 58.395],
-        size_divisibility=32,
-        channels_last=True,
+def plain_res5_roi_heads():
+    """Res5ROIHeads as mask_rcnn_R_18_C4_shapes.yaml (shrunk by small_cfg) builds it on R-18's res4."""
+    res5, channels = make_stage(18, 3, 256, first_stride=2, res2_out_channels=64, stride_in_1x1=True, norm="GN")
+    return Res5ROIHeads(
+        in_features=["res4"],
+        pooler=ROIPooler(8, (1 / 16,), sampling_ratio=0),
+        res5=res5,
+        box_predictor=FastRCNNOutputLayers(
+            ShapeSpec(channels=channels), box2box_transform=Box2BoxTransform((10.0, 10.0, 5.0, 5.0)), num_classes=3,
+            test_score_thresh=0.0, test_topk_per_image=20,
+        ),
+        num_classes=3,
+        batch_size_per_image=32,
+        positive_fraction=0.25,
+        proposal_matcher=Matcher([0.5], [0, 1]),
+        mask_head=MaskRCNNConvUpsampleHead(ShapeSpec(channels=channels, height=4, width=4), num_classes=3, conv_dims=[32, 32]),
     )
 
 
@@ -152,33 +158,25 @@ def plain_retinanet():
     )
 
 
-def plain_res5_roi_heads():
-    """small_cfg("mask_rcnn_R_18_C4_shapes.yaml")'s ROI heads on a stride-16 res4 of 256 channels."""
-    torch.manual_seed(0)  # make_stage draws no init of its own: init_resnet_weights only fills values
-    res5, out_channels = make_stage(18, 3, 256, first_stride=2, num_groups=1, width_per_group=64,
-                                    res2_out_channels=64, stride_in_1x1=True, norm="GN")
-    return Res5ROIHeads(
-        in_features=["res4"],
-        pooler=ROIPooler(8, (1 / 16,), sampling_ratio=0),
-        res5=res5,
-        box_predictor=FastRCNNOutputLayers(
-            ShapeSpec(channels=out_channels), box2box_transform=Box2BoxTransform((10.0, 10.0, 5.0, 5.0)),
-            num_classes=3, test_score_thresh=0.0, test_topk_per_image=20,
-        ),
-        num_classes=3,
-        batch_size_per_image=32,
-        positive_fraction=0.25,
-        proposal_matcher=Matcher([0.5], [0, 1]),
-        mask_head=MaskRCNNConvUpsampleHead(ShapeSpec(channels=out_channels, height=4, width=4), num_classes=3, conv_dims=[32, 32]),
+def plain_rcnn():
+    return GeneralizedRCNN(
+        backbone=plain_fpn(),
+        proposal_generator=plain_rpn(),
+        roi_heads=plain_roi_heads(),
+        pixel_mean=[103.530, 116.280, 123.675],
+        pixel_std=[57.375, 57.120, 58.395],
+        size_divisibility=32,
+        channels_last=True,
     )
 
 
-# registry -> {registered name: (plain-argument builder, what the registry's build gets besides cfg)}
+# registry -> {registered name: (plain-argument builder, what the registry's build gets besides cfg
+# [, the configs/ file it is selected in, when not small_cfg's default])}
 BUILT_IN = {
     "META_ARCH": {
         "GeneralizedRCNN": (plain_rcnn, ()),
         "ProposalNetwork": (plain_proposal_network, ()),
-        "RetinaNet": (plain_retinanet, ()),
+        "RetinaNet": (plain_retinanet, (), "retinanet_R_18_FPN_shapes.yaml"),
     },
     "BACKBONE": {
         "ResNet": (plain_resnet, (ShapeSpec(channels=3),)),
@@ -190,7 +188,7 @@ BUILT_IN = {
     "RPN_HEAD": {"StandardRPNHead": (lambda: StandardRPNHead(CHANNELS, 3), (list(LEVEL_SHAPES.values()),))},
     "ROI_HEADS": {
         "StandardROIHeads": (plain_roi_heads, (LEVEL_SHAPES,)),
-        "Res5ROIHeads": (plain_res5_roi_heads, ({"res4": ShapeSpec(channels=256, stride=16)},)),
+        "Res5ROIHeads": (plain_res5_roi_heads, ({"res4": ShapeSpec(channels=256, stride=16)},), "mask_rcnn_R_18_C4_shapes.yaml"),
     },
     "ROI_BOX_HEAD": {"FastRCNNConvFCHead": (plain_box_head, (ShapeSpec(channels=CHANNELS, height=7, width=7),))},
     "ROI_BOX_PREDICTOR": {"FastRCNNOutputLayers": (plain_box_predictor, (ShapeSpec(channels=32),))},
@@ -251,16 +249,8 @@ def describe(module: nn.Module):
     return out
 
 
-# The config a component is built from, when not the R-18 FPN Mask R-CNN's.
-CONFIG_OF = {
-    "ProposalNetwork": "rpn_R_18_FPN_shapes.yaml",
-    "RetinaNet": "retinanet_R_18_FPN_shapes.yaml",
-    "Res5ROIHeads": "mask_rcnn_R_18_C4_shapes.yaml",
-}
-
-
-def selecting(registry: Registry, name: str):
-    cfg = small_cfg(CONFIG_OF.get(name, "e2e_mask_rcnn_R_18_FPN_shapes.yaml"))
+def selecting(registry: Registry, name: str, *config: str):
+    cfg = small_cfg(*config)
     cfg.merge_from_list([registry.config_key, name])
     return cfg
 
@@ -270,8 +260,8 @@ def selecting(registry: Registry, name: str):
 )
 def test_component_from_plain_arguments_equals_the_one_built_from_a_config(registry_name, name):
     registry = all_registries()[registry_name]
-    plain, build_args = BUILT_IN[registry_name][name]
-    from_config = registry.build(selecting(registry, name), *build_args)
+    plain, build_args, *config = BUILT_IN[registry_name][name]
+    from_config = registry.build(selecting(registry, name, *config), *build_args)
     assert type(from_config) is registry.get(name)
     assert describe(plain()) == describe(from_config)
 
