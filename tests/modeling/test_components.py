@@ -151,7 +151,7 @@ def plain_retinanet():
         num_classes=3,
         pixel_mean=[103.530, 116.280, 123.675],
         pixel_std=[57.375, 57.120, 58.395],
-        focal_loss_gamma=1.0,
+        focal_loss_gamma=0.5,
         smooth_l1_beta=0.11,
         max_detections_per_image=20,
         size_divisibility=32,
