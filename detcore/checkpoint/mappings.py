@@ -2,7 +2,8 @@
 
     format                   where it comes from                            names
     "detcore"                detcore training (maybe DDP "module.")         as the model's
-    "torchvision-detection"  torchvision fasterrcnn/maskrcnn_resnet50_fpn   backbone.body.layer1..., rpn.head...
+    "torchvision-detection"  torchvision fasterrcnn/maskrcnn/retinanet_      backbone.body.layer1..., rpn.head...,
+                             resnet50_fpn                                   head.classification_head...
     "detectron2"             detectron2 model zoo (.pkl) or training (.pth) backbone.bottom_up.res2.0.conv1.norm...
     "caffe2-resnet"          Detectron / MSRA ImageNet ResNets (R-50.pkl)   res2_0_branch2a_w, res2_0_branch2a_bn_s
     "torchvision-resnet"     ImageNet ResNets in torchvision's names, maybe conv1, layer1.0.bn1 (or module.pre.conv1)
@@ -24,6 +25,11 @@ places them under the model's body.
 
 Class order: detcore and detectron2 put background last; torchvision first (index 0), so its
 cls_score rows are rotated and the background rows of bbox_pred and the mask predictor dropped.
+torchvision's RetinaNet has a sigmoid output for "class 0" too (always trained towards 0); its
+rows are dropped, so class k is torchvision label k + 1 as for the R-CNNs. RetinaNet's FPN starts
+at C3 (three inner blocks where the R-CNNs have four): the level names follow the count. Its
+anchors stay in torchvision's ratio-major order: the preset sets CELL_ANCHOR_ORDER accordingly.
+detectron2's RetinaNet names are detcore's (head.cls_subnet.0, head.cls_score, ...).
 """
 import re
 from dataclasses import dataclass, field
@@ -153,13 +159,29 @@ def rule(pattern: str, rename: Callable[[re.Match], str]) -> Tuple[re.Pattern, C
 
 # (pattern, replacement) on full keys. The optional ".0" / ".0.0" accept both the published
 # checkpoints' module layout ("v1": inner_blocks.0.weight, rpn.head.conv.weight,
-# mask_head.mask_fcn1.weight) and the one of current torchvision modules (inner_blocks.0.0.weight,
-# rpn.head.conv.0.0.weight, mask_head.0.0.weight).
+# mask_head.mask_fcn1.weight, classification_head.conv.2.weight) and the one of current
+# torchvision modules (inner_blocks.0.0.weight, rpn.head.conv.0.0.weight, mask_head.0.0.weight,
+# classification_head.conv.1.0.weight). The FPN rules are made per checkpoint (its first level).
+def _fpn_rules(first_level: int):
+    return [
+        rule(r"^backbone\.fpn\.inner_blocks\.(\d+)\.(?:0\.)?(weight|bias)$",
+              lambda m: f"backbone.fpn_lateral{int(m[1]) + first_level}.{m[2]}"),
+        rule(r"^backbone\.fpn\.layer_blocks\.(\d+)\.(?:0\.)?(weight|bias)$",
+              lambda m: f"backbone.fpn_output{int(m[1]) + first_level}.{m[2]}"),
+    ]  # fmt: skip
+
+
+_TV_RETINANET_TOWERS = {"classification_head": "cls_subnet", "regression_head": "bbox_subnet"}
 _TV_DETECTION_RULES = [
-    rule(r"^backbone\.fpn\.inner_blocks\.(\d+)\.(?:0\.)?(weight|bias)$",
-          lambda m: f"backbone.fpn_lateral{int(m[1]) + 2}.{m[2]}"),
-    rule(r"^backbone\.fpn\.layer_blocks\.(\d+)\.(?:0\.)?(weight|bias)$",
-          lambda m: f"backbone.fpn_output{int(m[1]) + 2}.{m[2]}"),
+    rule(r"^backbone\.fpn\.extra_blocks\.(p6|p7)\.(weight|bias)$",
+          lambda m: f"backbone.top_block.{m[1]}.{m[2]}"),
+    # v1: conv.{0,2,4,6} (Conv2d, ReLU pairs); current: conv.{0,1,2,3}.0 (Conv2dNormActivation).
+    rule(r"^head\.(classification_head|regression_head)\.conv\.(\d+)\.(weight|bias)$",
+          lambda m: f"head.{_TV_RETINANET_TOWERS[m[1]]}.{m[2]}.{m[3]}"),
+    rule(r"^head\.(classification_head|regression_head)\.conv\.(\d+)\.0\.(weight|bias)$",
+          lambda m: f"head.{_TV_RETINANET_TOWERS[m[1]]}.{2 * int(m[2])}.{m[3]}"),
+    rule(r"^head\.classification_head\.cls_logits\.(weight|bias)$", lambda m: f"head.cls_score.{m[1]}"),
+    rule(r"^head\.regression_head\.bbox_reg\.(weight|bias)$", lambda m: f"head.bbox_pred.{m[1]}"),
     rule(r"^rpn\.head\.conv\.(?:0\.0\.)?(weight|bias)$",
           lambda m: f"proposal_generator.rpn_head.conv.{m[1]}"),
     rule(r"^rpn\.head\.cls_logits\.(weight|bias)$",
@@ -185,7 +207,14 @@ _BBOX_PRED = "roi_heads.box_predictor.bbox_pred."
 _MASK_PREDICTOR = "roi_heads.mask_head.predictor."
 
 
+_TV_INNER_BLOCK = re.compile(r"^backbone\.fpn\.inner_blocks\.(\d+)\.")
+
+
 def convert_torchvision_detection(state_dict, out: ConvertedCheckpoint) -> None:
+    # torchvision's FPN always ends at C5 (layer4): with n inner blocks the first is level 6 - n
+    # (four for the R-CNNs, from C2; three for RetinaNet, from C3).
+    inner = {int(m[1]) for m in map(_TV_INNER_BLOCK.match, state_dict) if m}
+    rules = _fpn_rules(6 - len(inner) if inner else 2) + _TV_DETECTION_RULES
     for key, tensor in state_dict.items():
         if key.startswith("backbone.body."):
             name, why = torchvision_resnet_name(key[len("backbone.body."):])
@@ -196,7 +225,7 @@ def convert_torchvision_detection(state_dict, out: ConvertedCheckpoint) -> None:
             else:
                 out.unknown[key] = tuple(tensor.shape)
             continue
-        for pattern, rename in _TV_DETECTION_RULES:
+        for pattern, rename in rules:
             m = pattern.match(key)
             if m:
                 out.add(rename(m), tensor, key)
@@ -204,6 +233,7 @@ def convert_torchvision_detection(state_dict, out: ConvertedCheckpoint) -> None:
         else:
             out.unknown[key] = tuple(tensor.shape)
     move_background_last(out)
+    _drop_retinanet_background(out)
 
 
 def move_background_last(out: ConvertedCheckpoint) -> None:
@@ -229,6 +259,37 @@ def move_background_last(out: ConvertedCheckpoint) -> None:
         f"class order: {out.format}'s {num_rows} outputs put background first; moved it last in cls_score "
         f"and dropped the background rows of bbox_pred and the mask predictor ({num_rows - 1} classes: "
         "class k here is its label k + 1)"
+    )
+
+
+_RETINANET_CLS = "head.cls_score."
+_RETINANET_BOX = "head.bbox_pred."
+
+
+def _drop_retinanet_background(out: ConvertedCheckpoint) -> None:
+    """torchvision's RetinaNet classifies A anchors x (background + K classes) per location,
+    anchor-major; detcore's has A x K. Drop each anchor's background row."""
+    t = out.tensors
+    if _RETINANET_CLS + "bias" not in t or _RETINANET_BOX + "bias" not in t:
+        return
+    num_anchors = t[_RETINANET_BOX + "bias"].shape[0] // 4
+    rows = t[_RETINANET_CLS + "bias"].shape[0]
+    if rows == 0 and t[_RETINANET_BOX + "bias"].numel() == 0:
+        return  # shapeless placeholders: detect_format judges a layout by its names alone
+    if num_anchors < 1 or rows % num_anchors:
+        raise ValueError(
+            f"torchvision RetinaNet checkpoint: cls_logits has {rows} rows, not a multiple of the "
+            f"{num_anchors} anchors bbox_reg predicts for"
+        )
+    num_rows = rows // num_anchors
+    for leaf in ("weight", "bias"):
+        name = _RETINANET_CLS + leaf
+        if name in t:
+            tensor = t[name]
+            t[name] = tensor.reshape(num_anchors, num_rows, *tensor.shape[1:])[:, 1:].reshape(-1, *tensor.shape[1:])
+    out.notes.append(
+        f"class order: torchvision's RetinaNet has {num_rows} outputs per anchor, the first for background "
+        f"(label 0); dropped it ({num_rows - 1} classes: class k here is torchvision label k + 1)"
     )
 
 

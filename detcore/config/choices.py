@@ -19,10 +19,14 @@ FREEZE_AT_STAGES = (0, 1, 2, 3, 4, 5)
 RESNET_OUT_FEATURES = ("stem", "res2", "res3", "res4", "res5")
 FPN_FUSE_TYPES = ("sum", "avg")
 # "none" is a spelling of "" (no extra level).
-FPN_TOP_BLOCKS = ("maxpool", "p6p7", "", "none")
+FPN_TOP_BLOCKS = ("maxpool", "p6p7", "p6p7_from_p5", "", "none")
+CELL_ANCHOR_ORDERS = ("size_major", "ratio_major")
 BOX_REG_LOSS_TYPES = ("smooth_l1", "l1", "giou")
 RPN_LOSS_NORMALIZERS = ("batch_size", "num_sampled")
 RPN_PROPOSAL_RANKINGS = ("logit", "sigmoid", "torchvision")
+RETINANET_LOSS_NORMALIZERS = ("moving_average", "num_foreground", "per_image")
+# The head's norm is shared by all levels: only a per-sample norm (GN) makes sense there.
+RETINANET_HEAD_NORMS = ("", "GN", None)
 LEVEL_MAPPERS = ("detectron2", "torchvision", "maskrcnn_benchmark")
 MASK_TARGET_MODES = ("aligned", "torchvision")
 MASK_PASTE_MODES = ("aligned", "torchvision")
@@ -48,9 +52,13 @@ CHOICES = {
     "MODEL.FPN.NORM": NORMS,
     "MODEL.FPN.FUSE_TYPE": FPN_FUSE_TYPES,
     "MODEL.FPN.TOP_BLOCK": FPN_TOP_BLOCKS,
+    "MODEL.ANCHOR_GENERATOR.CELL_ANCHOR_ORDER": CELL_ANCHOR_ORDERS,
     "MODEL.RPN.BBOX_REG_LOSS_TYPE": BOX_REG_LOSS_TYPES,
     "MODEL.RPN.LOSS_NORMALIZER": RPN_LOSS_NORMALIZERS,
     "MODEL.RPN.PROPOSAL_RANKING": RPN_PROPOSAL_RANKINGS,
+    "MODEL.RETINANET.NORM": RETINANET_HEAD_NORMS,
+    "MODEL.RETINANET.BBOX_REG_LOSS_TYPE": BOX_REG_LOSS_TYPES,
+    "MODEL.RETINANET.LOSS_NORMALIZER": RETINANET_LOSS_NORMALIZERS,
     "MODEL.ROI_HEADS.LEVEL_MAPPER": LEVEL_MAPPERS,
     "MODEL.ROI_BOX_HEAD.NORM": NORMS,
     "MODEL.ROI_BOX_HEAD.BBOX_REG_LOSS_TYPE": BOX_REG_LOSS_TYPES,
@@ -87,6 +95,16 @@ RANGES = {
     "MODEL.RPN.POST_NMS_TOPK_TEST": (1, INF),
     "MODEL.RPN.NMS_THRESH": (0.0, 1.0),
     "MODEL.RPN.MIN_SIZE": (0.0, INF),
+    "MODEL.RETINANET.NUM_CLASSES": (1, INF),
+    "MODEL.RETINANET.NUM_CONVS": (0, INF),
+    "MODEL.RETINANET.PRIOR_PROB": (1e-6, 1.0 - 1e-6),
+    "MODEL.RETINANET.IOU_THRESHOLDS": (0.0, 1.0),
+    "MODEL.RETINANET.FOCAL_LOSS_ALPHA": (0.0, 1.0),
+    "MODEL.RETINANET.FOCAL_LOSS_GAMMA": (0.0, INF),
+    "MODEL.RETINANET.SMOOTH_L1_LOSS_BETA": (0.0, INF),
+    "MODEL.RETINANET.SCORE_THRESH_TEST": (0.0, 1.0),
+    "MODEL.RETINANET.TOPK_CANDIDATES_TEST": (1, INF),
+    "MODEL.RETINANET.NMS_THRESH_TEST": (0.0, 1.0),
     "MODEL.ROI_HEADS.NUM_CLASSES": (1, INF),
     "MODEL.ROI_HEADS.IOU_THRESHOLDS": (0.0, 1.0),
     "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE": (1, INF),

@@ -97,7 +97,9 @@ _C.MODEL.FPN.NORM = ""
 # How the top-down and lateral paths combine: "sum" or "avg".
 _C.MODEL.FPN.FUSE_TYPE = "sum"
 # Extra coarser levels: "maxpool" (p6 = stride-2 max pool of p5, for Mask R-CNN),
-# "p6p7" (p6, p7 from convs on C5, for RetinaNet), or "" / "none" (no extra level).
+# "p6p7" (p6, p7 from stride-2 convs on C5, RetinaNet as published and in detectron2),
+# "p6p7_from_p5" (the same convs on P5, torchvision's retinanet_resnet50_fpn), or "" / "none"
+# (no extra level).
 _C.MODEL.FPN.TOP_BLOCK = "maxpool"
 
 # ---------------------------------------------------------------------------------------------
@@ -122,6 +124,10 @@ _C.MODEL.ANCHOR_GENERATOR.STRIDES_FROM_IMAGE_SIZE = False
 # 48 x 24, not 45.25 x 22.6). Their anchors sit at the cell's center: use OFFSET 0.5 with it.
 # Exclusive with ROUND_CELL_ANCHORS.
 _C.MODEL.ANCHOR_GENERATOR.DETECTRON_CELL_ANCHORS = False
+# Order of a location's anchors when a level has several sizes and ratios (RetinaNet):
+# "size_major" (all ratios of the first size, then the next size; Detectron, detectron2) or
+# "ratio_major" (all sizes of the first ratio, then the next; torchvision).
+_C.MODEL.ANCHOR_GENERATOR.CELL_ANCHOR_ORDER = "size_major"
 
 _C.MODEL.PROPOSAL_GENERATOR = CN()
 # Proposal generator name in the PROPOSAL_GENERATOR registry.
@@ -263,6 +269,50 @@ _C.MODEL.ROI_MASK_HEAD.TARGET_MODE = "aligned"
 _C.MODEL.ROI_MASK_HEAD.PASTE_MODE = "aligned"
 # Pasted mask probabilities >= this become foreground pixels.
 _C.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD = 0.5
+
+# ---------------------------------------------------------------------------------------------
+# RetinaNet (MODEL.META_ARCHITECTURE "RetinaNet"): a dense head on the FPN levels, focal loss
+# ---------------------------------------------------------------------------------------------
+_C.MODEL.RETINANET = CN()
+# Foreground classes; each has its own sigmoid output (no background class).
+_C.MODEL.RETINANET.NUM_CLASSES = 80
+# Feature maps the head runs on, finest first; one anchor size list each.
+_C.MODEL.RETINANET.IN_FEATURES = ["p3", "p4", "p5", "p6", "p7"]
+# 3x3 conv + ReLU layers in each of the two towers (class and box), shared by all levels.
+_C.MODEL.RETINANET.NUM_CONVS = 4
+# Normalization after each tower conv: "" or null (none), or "GN" (32 groups).
+_C.MODEL.RETINANET.NORM = ""
+# Foreground probability every class starts at (sets the classification bias).
+_C.MODEL.RETINANET.PRIOR_PROB = 0.01
+# Anchor matcher: IoU < 0.4 -> background (0), 0.4..0.5 -> ignored (-1), >= 0.5 -> foreground (1).
+_C.MODEL.RETINANET.IOU_THRESHOLDS = [0.4, 0.5]
+_C.MODEL.RETINANET.IOU_LABELS = [0, -1, 1]
+# Also make each ground-truth box's best anchor(s) foreground even below 0.5 IoU.
+_C.MODEL.RETINANET.ALLOW_LOW_QUALITY_MATCHES = True
+# Focal loss: alpha weighs the foreground term (1 - alpha the background), gamma >= 0 focuses
+# on hard examples.
+_C.MODEL.RETINANET.FOCAL_LOSS_ALPHA = 0.25
+_C.MODEL.RETINANET.FOCAL_LOSS_GAMMA = 2.0
+# Weights (wx, wy, ww, wh) of the anchor -> box delta encoding.
+_C.MODEL.RETINANET.BBOX_REG_WEIGHTS = (1.0, 1.0, 1.0, 1.0)
+# Box regression loss: "smooth_l1" or "l1" on the deltas, or "giou" on the decoded boxes.
+_C.MODEL.RETINANET.BBOX_REG_LOSS_TYPE = "smooth_l1"
+# Smooth L1 transition point (Detectron's 0.11); 0.0 makes it plain L1 (detectron2's recipe).
+_C.MODEL.RETINANET.SMOOTH_L1_LOSS_BETA = 0.11
+# What both losses are divided by: "num_foreground" (the batch's foreground anchors, at least 1;
+# the paper), "moving_average" (the same count smoothed over iterations with momentum 0.9 from
+# 100, detectron2) or "per_image" (each image's loss by its own foreground anchors, then the mean
+# over images, torchvision).
+_C.MODEL.RETINANET.LOSS_NORMALIZER = "num_foreground"
+# At test: per level, the TOPK_CANDIDATES_TEST best (anchor, class) scores above
+# SCORE_THRESH_TEST are decoded; then a per-class NMS at NMS_THRESH_TEST over all levels, and
+# TEST.DETECTIONS_PER_IMAGE kept.
+_C.MODEL.RETINANET.SCORE_THRESH_TEST = 0.05
+_C.MODEL.RETINANET.TOPK_CANDIDATES_TEST = 1000
+_C.MODEL.RETINANET.NMS_THRESH_TEST = 0.5
+# At test: clip boxes to the image before the NMS (torchvision, maskrcnn-benchmark) rather than
+# after it (detectron2); IoUs of boxes crossing the border differ.
+_C.MODEL.RETINANET.CLIP_BEFORE_NMS = False
 
 # ---------------------------------------------------------------------------------------------
 # Input: resizing, flipping, batching

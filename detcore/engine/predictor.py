@@ -63,7 +63,7 @@ class Predictor:
         if self.cfg.TEST.AUG.ENABLED:
             self.runner = build_from_config(GeneralizedRCNNWithTTA, self.cfg, self.model)
             self.min_size = 0
-        self.has_masks = bool(getattr(getattr(self.model, "roi_heads", None), "mask_on", False))
+        self.has_masks = bool(getattr(self.model, "mask_on", False))
 
     def load_weights(self, path: str) -> LoadReport:
         """Load a state dict or a trainer checkpoint into the model (the engine's loader: matching

@@ -1,7 +1,7 @@
 """The export-facing form of a detector: tensors in, tensors out, one graph.
 
-``ExportableDetector(model)`` runs a GeneralizedRCNN on one uint8 image in the model's channel
-order (INPUT.FORMAT) and returns plain tensors (with ``batch_size=B``, on a batch of B equally
+``ExportableDetector(model)`` runs a detector (GeneralizedRCNN, RetinaNet) on one uint8 image in
+the model's channel order (INPUT.FORMAT) and returns plain tensors (with ``batch_size=B``, on a batch of B equally
 sized images, the detections of all of them, with ``image_index`` [N] saying whose each is):
 
 * ``boxes``: float32 ``[N, 4]`` xyxy in the input image's pixels;
@@ -11,6 +11,11 @@ sized images, the detections of all of them, with ``image_index`` [N] saying who
 
 A ProposalNetwork (RPN-only) gives its proposals instead: ``boxes`` float32 ``[N, 4]`` and
 ``objectness_logits`` float32 ``[N]``, by decreasing objectness.
+
+Images must be larger than the backbone's coarsest stride on each side (65 px for the R-CNNs'
+P6, 129 px for RetinaNet's P7), so that every feature map is at least 2 x 2: torch chooses conv
+and norm kernels by whether a side is 1, so a graph traced with larger maps would not serve a 1-px
+map. ``min_side`` says the bound; the graph refuses smaller images.
 
 Normalization and padding are in the graph; resizing is not: torch.export cannot keep a resize
 whose output size depends on the input's through a min/max rule as one graph for every size, so
@@ -37,8 +42,9 @@ INPUT_LAYOUTS = ("CHW", "HWC")
 
 class ExportableDetector(nn.Module):
     """Args:
-        model: a GeneralizedRCNN or ProposalNetwork in eval mode.
+        model: a detcore detector (GeneralizedRCNN, RetinaNet, ProposalNetwork) in eval mode.
         input_layout: "CHW" (``[3, H, W]``) or "HWC" (``[H, W, 3]``, as OpenCV reads images).
+        batch_size: None for one image; B for a batch of B equally sized images.
     """
 
     def __init__(self, model: nn.Module, input_layout: str = "CHW", batch_size: Optional[int] = None):
@@ -51,12 +57,20 @@ class ExportableDetector(nn.Module):
         self.input_layout = input_layout
         self.batch_size = batch_size
         self.proposals_only = isinstance(model, ProposalNetwork)
-        self.mask_on = bool(getattr(getattr(model, "roi_heads", None), "mask_on", False))
+        self.mask_on = bool(getattr(model, "mask_on", False))
+        self.min_side = max(shape.stride for shape in model.backbone.output_shape().values()) + 1
 
     def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
         images = [image] if self.batch_size is None else [image[i] for i in range(self.batch_size)]
         if self.input_layout == "HWC":
             images = [x.permute(2, 0, 1) for x in images]
+        height, width = images[0].shape[-2:]
+        # In the exported graph, a bound on the input's size ("Guard failed: ... >= min_side").
+        torch._check(
+            (height >= self.min_side) & (width >= self.min_side),
+            lambda: f"ExportableDetector: images must be at least {self.min_side} px on each side (the coarsest "
+            f"feature map must be 2 x 2 or larger), got {height} x {width}",
+        )
         results = self.model.inference([{"image": x} for x in images], do_postprocess=False)
         per_image = [self._outputs(result) for result in results]
         if self.batch_size is None:

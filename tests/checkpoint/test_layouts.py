@@ -15,10 +15,12 @@ from .zoo_names import (
     caffe2_resnet50_shapes,
     detectron2_mask_rcnn_r50_c4_shapes,
     detectron2_mask_rcnn_r50_fpn_shapes,
+    detectron2_retinanet_r50_fpn_shapes,
     maskrcnn_benchmark_mask_rcnn_r50_c4_shapes,
     maskrcnn_benchmark_mask_rcnn_r50_fpn_shapes,
     torchvision_maskrcnn_v1_shapes,
     torchvision_resnet50_shapes,
+    torchvision_retinanet_v1_shapes,
 )
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -33,7 +35,9 @@ def published():
     return [
         ("detectron2", detectron2_mask_rcnn_r50_fpn_shapes()),
         ("detectron2", detectron2_mask_rcnn_r50_c4_shapes()),
+        ("detectron2", detectron2_retinanet_r50_fpn_shapes()),
         ("torchvision-detection", torchvision_maskrcnn_v1_shapes()),
+        ("torchvision-detection", torchvision_retinanet_v1_shapes()),
         ("maskrcnn-benchmark", maskrcnn_benchmark_mask_rcnn_r50_fpn_shapes(ddp=True)),
         ("maskrcnn-benchmark", maskrcnn_benchmark_mask_rcnn_r50_fpn_shapes(ddp=False)),
         ("maskrcnn-benchmark", maskrcnn_benchmark_mask_rcnn_r50_c4_shapes(ddp=True)),
@@ -79,6 +83,7 @@ def test_small_key_lists():
     assert detect_format(["module.pre.conv1.weight", "module.pre.layer1.0.conv1.weight"]) == "torchvision-resnet"
     assert detect_format(["backbone.bottom_up.stem.bn1.weight", "roi_heads.box_head.fc1.weight"]) == "detcore"
     assert detect_format(["module.backbone.bottom_up.res2.0.downsample.0.weight"]) == "detcore"
+    assert detect_format(["head.cls_subnet.0.weight", "backbone.fpn_lateral3.weight", "backbone.bottom_up.stem.bn1.weight"]) == "detcore"
     # detectron2 backbone-only (their torchvision / MSRA conversions): stem.conv1.norm, no prefix.
     assert detect_format(["stem.conv1.weight", "stem.conv1.norm.weight", "res2.0.shortcut.weight"]) == "detectron2"
 

@@ -1,9 +1,9 @@
 """Parameter names and shapes of published R-50 checkpoints, written from those projects' model
-zoos and model code (not from detcore's): detectron2's COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_*
-and mask_rcnn_R_50_C4_* (model_final_*.pkl), maskrcnn-benchmark's e2e_mask_rcnn_R_50_{FPN,C4}_1x
-(.pth) and Detectron's e2e_mask_rcnn_R-50-{FPN,C4}_1x (model_final.pkl), torchvision's
-maskrcnn_resnet50_fpn_coco (the "v1" module layout of the published file) and the MSRA ImageNet
-R-50.pkl in caffe2 blob names (Detectron)."""
+zoos and model code (not from detcore's): detectron2's COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_*,
+mask_rcnn_R_50_C4_* and COCO-Detection/retinanet_R_50_FPN_1x (model_final_*.pkl), maskrcnn-benchmark's
+e2e_mask_rcnn_R_50_{FPN,C4}_1x (.pth) and Detectron's e2e_mask_rcnn_R-50-{FPN,C4}_1x (model_final.pkl),
+torchvision's maskrcnn_resnet50_fpn_coco and retinanet_resnet50_fpn_coco (the "v1" module layout of
+the published files) and the MSRA ImageNet R-50.pkl in caffe2 blob names (Detectron)."""
 
 # ResNet-50: blocks per stage, bottleneck width of res2 (doubling), output width of res2.
 R50_BLOCKS = (3, 4, 6, 3)
@@ -296,4 +296,46 @@ def caffe2_detectron_mask_rcnn_r50_c4_shapes(momentum=True):
             s[f"{blob}_{leaf}"] = leaf_shape
             if momentum:
                 s[f"{blob}_{leaf}_momentum"] = leaf_shape
+    return s
+
+
+def detectron2_retinanet_r50_fpn_shapes(num_classes=80):
+    """COCO-Detection/retinanet_R_50_FPN_1x (model_final_bfca0b.pkl): FPN on res3-res5, P6/P7 from
+    res5, 9 anchors x 80 sigmoid classes."""
+    s = {k: v for k, v in detectron2_mask_rcnn_r50_fpn_shapes().items() if k.startswith("backbone.bottom_up.")}
+    for level, cin in zip((3, 4, 5), (512, 1024, 2048)):
+        s[f"backbone.fpn_lateral{level}.weight"] = (FPN_CHANNELS, cin, 1, 1)
+        s[f"backbone.fpn_lateral{level}.bias"] = (FPN_CHANNELS,)
+        s[f"backbone.fpn_output{level}.weight"] = (FPN_CHANNELS, FPN_CHANNELS, 3, 3)
+        s[f"backbone.fpn_output{level}.bias"] = (FPN_CHANNELS,)
+    s["backbone.top_block.p6.weight"], s["backbone.top_block.p6.bias"] = (256, 2048, 3, 3), (256,)
+    s["backbone.top_block.p7.weight"], s["backbone.top_block.p7.bias"] = (256, 256, 3, 3), (256,)
+    for tower in ("cls_subnet", "bbox_subnet"):
+        for i in range(4):
+            s[f"head.{tower}.{2 * i}.weight"], s[f"head.{tower}.{2 * i}.bias"] = (256, 256, 3, 3), (256,)
+    s["head.cls_score.weight"], s["head.cls_score.bias"] = (9 * num_classes, 256, 3, 3), (9 * num_classes,)
+    s["head.bbox_pred.weight"], s["head.bbox_pred.bias"] = (36, 256, 3, 3), (36,)
+    return s
+
+
+def torchvision_retinanet_v1_shapes():
+    """retinanet_resnet50_fpn_coco (the published file: v1 layout, conv.{0,2,4,6} towers):
+    FrozenBatchNorm2d body, FPN on layer2-layer4, P6/P7 from P5, 9 anchors x 91 outputs."""
+    s = {}
+    for name, shape in torchvision_resnet50_shapes("backbone.body.").items():
+        if not name.endswith("num_batches_tracked") and ".fc." not in name:
+            s[name] = shape
+    for i, cin in enumerate((512, 1024, 2048)):
+        s[f"backbone.fpn.inner_blocks.{i}.weight"] = (256, cin, 1, 1)
+        s[f"backbone.fpn.inner_blocks.{i}.bias"] = (256,)
+        s[f"backbone.fpn.layer_blocks.{i}.weight"] = (256, 256, 3, 3)
+        s[f"backbone.fpn.layer_blocks.{i}.bias"] = (256,)
+    for p in ("p6", "p7"):
+        s[f"backbone.fpn.extra_blocks.{p}.weight"], s[f"backbone.fpn.extra_blocks.{p}.bias"] = (256, 256, 3, 3), (256,)
+    for head in ("classification_head", "regression_head"):
+        for i in range(4):
+            s[f"head.{head}.conv.{2 * i}.weight"], s[f"head.{head}.conv.{2 * i}.bias"] = (256, 256, 3, 3), (256,)
+    s["head.classification_head.cls_logits.weight"] = (9 * 91, 256, 3, 3)
+    s["head.classification_head.cls_logits.bias"] = (9 * 91,)
+    s["head.regression_head.bbox_reg.weight"], s["head.regression_head.bbox_reg.bias"] = (36, 256, 3, 3), (36,)
     return s

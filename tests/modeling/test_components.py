@@ -18,6 +18,8 @@ from detcore.modeling import (
     GeneralizedRCNN,
     Matcher,
     ProposalNetwork,
+    RetinaNet,
+    RetinaNetHead,
     ROIPooler,
     StandardROIHeads,
     build_model,
@@ -129,6 +131,33 @@ def plain_proposal_network():
     )
 
 
+def plain_retinanet():
+    """small_cfg("retinanet_R_18_FPN_shapes.yaml"): P3-P5 from res3-res5, no top block."""
+    resnet = ResNet(
+        18, in_channels=3, out_features=["res3", "res4", "res5"], num_groups=1, width_per_group=64,
+        stem_out_channels=64, res2_out_channels=64, stride_in_1x1=True, norm="GN", res5_dilation=1, freeze_at=0,
+    )
+    octaves = [2 ** (i / 3) for i in range(3)]
+    return RetinaNet(
+        backbone=FPN(resnet, ["res3", "res4", "res5"], CHANNELS, norm="GN", top_block=None, fuse_type="sum"),
+        head=RetinaNetHead(in_channels=CHANNELS, num_anchors=9, num_classes=3, num_convs=4, norm="GN", prior_prob=0.01),
+        head_in_features=["p3", "p4", "p5"],
+        anchor_generator=DefaultAnchorGenerator(
+            sizes=[[s * o for o in octaves] for s in (32.0, 64.0, 128.0)], aspect_ratios=[[0.5, 1.0, 2.0]],
+            strides=[8, 16, 32], offset=0.0,
+        ),
+        box2box_transform=Box2BoxTransform((1.0, 1.0, 1.0, 1.0)),
+        anchor_matcher=Matcher([0.4, 0.5], [0, -1, 1], allow_low_quality_matches=True),
+        num_classes=3,
+        pixel_mean=[103.530, 116.280, 123.675],
+        pixel_std=[57.375, 57.120, 58.395],
+        focal_loss_gamma=0.5,
+        smooth_l1_beta=0.11,
+        max_detections_per_image=20,
+        size_divisibility=32,
+    )
+
+
 def plain_rcnn():
     return GeneralizedRCNN(
         backbone=plain_fpn(),
@@ -144,7 +173,11 @@ def plain_rcnn():
 # registry -> {registered name: (plain-argument builder, what the registry's build gets besides cfg
 # [, the configs/ file it is selected in, when not small_cfg's default])}
 BUILT_IN = {
-    "META_ARCH": {"GeneralizedRCNN": (plain_rcnn, ()), "ProposalNetwork": (plain_proposal_network, ())},
+    "META_ARCH": {
+        "GeneralizedRCNN": (plain_rcnn, ()),
+        "ProposalNetwork": (plain_proposal_network, ()),
+        "RetinaNet": (plain_retinanet, (), "retinanet_R_18_FPN_shapes.yaml"),
+    },
     "BACKBONE": {
         "ResNet": (plain_resnet, (ShapeSpec(channels=3),)),
         "FPN": (plain_fpn, (ShapeSpec(channels=3),)),

@@ -1,6 +1,6 @@
 """Every yaml under configs/ (found recursively, so new ones are covered) builds a model on the CPU
-that trains for one step and runs inference: detections for the R-CNNs (FPN and C4), proposals
-for the RPN-only ProposalNetworks.
+that trains for one step and runs inference: detections for the R-CNNs (FPN and C4) and
+RetinaNet, proposals for the RPN-only ProposalNetworks.
 
 Only sizes that do not change the architecture are shrunk (proposal counts, sampled ROIs,
 detections, a C4 head's pooled grid); the networks are exactly the configs'. The 101-layer bodies
@@ -34,6 +34,8 @@ SMALL = [
     "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", 16,
     # Random weights give low scores: keep every detection so the mask branch has work to do.
     "MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0,
+    "MODEL.RETINANET.SCORE_THRESH_TEST", 0.0,
+    "MODEL.RETINANET.TOPK_CANDIDATES_TEST", 100,
     "TEST.DETECTIONS_PER_IMAGE", 10,
 ]
 
@@ -81,7 +83,7 @@ def _targets(h, w, with_masks):
 
 def test_configs_are_found():
     names = {p.name for p in CONFIG_FILES}
-    assert {"e2e_mask_rcnn_R_50_FPN_1x.yaml", "e2e_faster_rcnn_R_50_FPN_1x.yaml"} <= names
+    assert {"e2e_mask_rcnn_R_50_FPN_1x.yaml", "e2e_faster_rcnn_R_50_FPN_1x.yaml", "retinanet_R_50_FPN_1x.yaml"} <= names
     assert {"mask_rcnn_R_50_C4_1x.yaml", "rpn_R_50_FPN_1x.yaml", "rpn_R_50_C4_1x.yaml"} <= names
 
 
@@ -92,7 +94,7 @@ def test_config_builds_trains_one_step_and_infers(path):
     model = build_model(cfg)
     proposals_only = isinstance(model, ProposalNetwork)
     mask_on = cfg.MODEL.MASK_ON and not proposals_only
-    assert proposals_only or model.roi_heads.mask_on == mask_on
+    assert model.mask_on == mask_on
 
     model.train()
     inputs = [
@@ -100,8 +102,11 @@ def test_config_builds_trains_one_step_and_infers(path):
         {"image": _image(64, 72, seed=2), "height": 64, "width": 72, "instances": _targets(64, 72, mask_on)},
     ]
     losses = model(inputs)
-    expected = {"loss_rpn_cls", "loss_rpn_loc"} | (set() if proposals_only else {"loss_cls", "loss_box_reg"})
-    expected |= {"loss_mask"} if mask_on else set()
+    if cfg.MODEL.META_ARCHITECTURE == "RetinaNet":
+        expected = {"loss_cls", "loss_box_reg"}
+    else:
+        expected = {"loss_rpn_cls", "loss_rpn_loc"} | (set() if proposals_only else {"loss_cls", "loss_box_reg"})
+        expected |= {"loss_mask"} if mask_on else set()
     assert set(losses) == expected
     assert all(v.dim() == 0 and torch.isfinite(v) for v in losses.values()), losses
     sum(losses.values()).backward()

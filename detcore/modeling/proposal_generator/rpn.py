@@ -17,7 +17,7 @@ from detcore.structures import Boxes, ImageList, Instances, pairwise_iou
 from detcore.config.choices import BOX_REG_LOSS_TYPES, RPN_LOSS_NORMALIZERS, RPN_PROPOSAL_RANKINGS
 
 from ..anchor_generator import build_anchor_generator
-from ..box_regression import Box2BoxTransform, box_regression_loss, giou_loss
+from ..box_regression import Box2BoxTransform, box_loss
 from ..matcher import Matcher
 from ..sampling import subsample_labels
 from .build import PROPOSAL_GENERATOR_REGISTRY
@@ -297,12 +297,9 @@ class RPN(nn.Module):
         pos_anchors = anchors[None].expand(num_images, -1, -1)[positive]
         pos_deltas = deltas[positive]
         pos_gt = matched_gt_boxes[positive]
-        if self.box_reg_loss_type == "giou":
-            pred_boxes = self.box2box_transform.apply_deltas(pos_deltas, pos_anchors)
-            loss_loc = giou_loss(pred_boxes, pos_gt)
-        else:
-            target = self.box2box_transform.get_deltas(pos_anchors, pos_gt)
-            loss_loc = box_regression_loss(pos_deltas, target, self.box_reg_loss_type, self.smooth_l1_beta)
+        loss_loc = box_loss(
+            self.box2box_transform, pos_anchors, pos_deltas, pos_gt, self.box_reg_loss_type, self.smooth_l1_beta
+        )
 
         loss_cls = F.binary_cross_entropy_with_logits(
             logits[valid], gt_labels[valid].to(logits.dtype), reduction="sum"

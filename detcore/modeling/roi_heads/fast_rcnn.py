@@ -15,7 +15,7 @@ from detcore.layers import ShapeSpec, batched_nms
 from detcore.structures import Boxes, Instances, clip_limits
 from detcore.utils.registry import Registry
 
-from ..box_regression import Box2BoxTransform, box_regression_loss, giou_loss
+from ..box_regression import Box2BoxTransform, box_loss
 
 __all__ = [
     "ROI_BOX_PREDICTOR_REGISTRY",
@@ -265,14 +265,9 @@ class FastRCNNOutputLayers(nn.Module):
             fg_deltas = pred_deltas[fg]
         else:
             fg_deltas = pred_deltas.view(-1, self.num_classes, 4)[fg, gt_classes[fg]]
-        # In float32 (at least): under AMP the deltas are half precision, the targets need not be.
-        fg_deltas = fg_deltas.to(torch.promote_types(fg_deltas.dtype, torch.float32))
-        if self.box_reg_loss_type == "giou":
-            pred_boxes = self.box2box_transform.apply_deltas(fg_deltas, proposal_boxes[fg].to(fg_deltas.dtype))
-            loss = giou_loss(pred_boxes, gt_boxes[fg].to(fg_deltas.dtype))
-        else:
-            target = self.box2box_transform.get_deltas(proposal_boxes[fg], gt_boxes[fg])
-            loss = box_regression_loss(fg_deltas, target.to(fg_deltas.dtype), self.box_reg_loss_type, self.smooth_l1_beta)
+        loss = box_loss(
+            self.box2box_transform, proposal_boxes[fg], fg_deltas, gt_boxes[fg], self.box_reg_loss_type, self.smooth_l1_beta
+        )
         # sum() * 0 of the deltas keeps the graph (and DDP) intact when there is no foreground.
         return loss / max(gt_classes.numel(), 1) + pred_deltas.sum() * 0.0
 
