@@ -1,6 +1,7 @@
 """Turns the ROI heads' per-image results (in the resized input frame) into final detections in
-the original image: boxes rescaled and clipped, mask probabilities pasted into full-size masks."""
-from detcore.structures import Boxes, Instances, paste_masks_in_image
+the original image: boxes rescaled and clipped, mask probabilities pasted into full-size masks,
+keypoint heatmaps decoded into keypoints."""
+from detcore.structures import Boxes, Instances, heatmaps_to_keypoints, paste_masks_in_image
 
 
 def detector_postprocess(
@@ -10,11 +11,20 @@ def detector_postprocess(
     mask_threshold: float = 0.5,
     paste_mode: str = "aligned",
 ) -> Instances:
-    """Rescale `results` (with `pred_boxes`, optionally `pred_masks` [N, 1, M, M] probabilities)
-    from their image size to (output_height, output_width)."""
+    """Rescale `results` (with `pred_boxes`, optionally `pred_masks` [N, 1, M, M] probabilities and
+    `pred_keypoint_heatmaps` [N, K, S, S] logits) from their image size to (output_height,
+    output_width). Heatmaps become `pred_keypoints` [N, K, 3] (x, y, score)."""
     in_height, in_width = results.image_size
     scale_x, scale_y = output_width / in_width, output_height / in_height
     out = Instances((output_height, output_width), **{k: v for k, v in results.fields().items()})
+    if results.has("pred_keypoint_heatmaps"):
+        # Decoded in the boxes' own frame (each map resized to its box's pixel size there), then
+        # scaled, as torchvision and detectron2 do.
+        keypoints = heatmaps_to_keypoints(results.pred_keypoint_heatmaps, results.pred_boxes.tensor)
+        keypoints[..., 0] *= scale_x
+        keypoints[..., 1] *= scale_y
+        out.remove("pred_keypoint_heatmaps")
+        out.pred_keypoints = keypoints
     boxes = Boxes(results.pred_boxes.tensor.clone())
     boxes.scale(scale_x, scale_y)
     boxes.clip((output_height, output_width))
@@ -28,4 +38,3 @@ def detector_postprocess(
         )
     keep = boxes.nonempty()
     return out[keep]
-
