@@ -18,6 +18,7 @@ from .datasets import (
     get_datasets_root,
     load_coco_json,
     register_coco_instances,
+    register_figures,
     register_shapes,
     set_datasets_root,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "set_datasets_root",
     "load_coco_json",
     "register_coco_instances",
+    "register_figures",
     "register_shapes",
     "annotations_to_instances",
     "filter_empty_instances",

@@ -1,11 +1,27 @@
-"""Dataset sources: COCO-format json files and the synthetic shapes generator."""
-from .builtin import COCO_CATEGORIES, get_datasets_root, register_all_builtin, register_shapes, set_datasets_root
+"""Dataset sources: COCO-format json files and the synthetic shapes and figures generators."""
+from .builtin import (
+    COCO_CATEGORIES,
+    get_datasets_root,
+    register_all_builtin,
+    register_figures,
+    register_shapes,
+    set_datasets_root,
+)
 from .coco import load_coco_json, register_coco_instances
+from .figures import FiguresSpec, ensure_figures_dataset, generate_figures_split
+from .keypoint_meta import coco_person_keypoint_metadata, infer_flip_map, keypoint_metadata_from_categories
 from .shapes import SHAPES_CLASSES, ShapesSpec, ensure_shapes_dataset, generate_shapes_split, get_cache_dir
 
 __all__ = [
     "COCO_CATEGORIES",
     "SHAPES_CLASSES",
+    "FiguresSpec",
+    "coco_person_keypoint_metadata",
+    "ensure_figures_dataset",
+    "generate_figures_split",
+    "infer_flip_map",
+    "keypoint_metadata_from_categories",
+    "register_figures",
     "ShapesSpec",
     "ensure_shapes_dataset",
     "generate_shapes_split",
