@@ -284,7 +284,8 @@ class DefaultTrainer(TrainerBase):
 
     @classmethod
     def build_evaluator(cls, cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
-        """COCO box (and mask, with MODEL.MASK_ON) AP for datasets whose metadata says "coco"."""
+        """COCO box (and mask with MODEL.MASK_ON, keypoint with MODEL.KEYPOINT_ON) AP for datasets
+        whose metadata says "coco"."""
         if output_folder is None:
             output_folder = os.path.join(cfg.OUTPUT_DIR, "inference", dataset_name)
         kind = MetadataCatalog.get(dataset_name).get("evaluator_type", "coco")
@@ -293,7 +294,7 @@ class DefaultTrainer(TrainerBase):
                 f"No evaluator for dataset '{dataset_name}' of evaluator_type {kind!r}; override "
                 f"DefaultTrainer.build_evaluator"
             )
-        tasks = ("bbox", "segm") if cfg.MODEL.MASK_ON else ("bbox",)
+        tasks = ("bbox",) + (("segm",) if cfg.MODEL.MASK_ON else ()) + (("keypoints",) if cfg.MODEL.KEYPOINT_ON else ())
         return COCOEvaluator(
             dataset_name, tasks, output_folder, distributed=True, metadata_fn=MetadataCatalog.get
         )
