@@ -3,7 +3,8 @@
 The simplest way to use a trained model from a script or a notebook:
 
     predictor = Predictor(cfg)            # cfg.MODEL.WEIGHTS: the trained checkpoint
-    out = predictor(cv2.imread("a.jpg"))  # out["boxes"], out["scores"], out["labels"], out["masks"]
+    out = predictor(cv2.imread("a.jpg"))  # out["boxes"], out["scores"], out["labels"], out["masks"],
+                                          # out["keypoints"]
 
 It applies the same test-time preprocessing as the evaluation data loader (channel order
 INPUT.FORMAT, shortest edge resized to INPUT.MIN_SIZE_TEST capped at INPUT.MAX_SIZE_TEST), and
@@ -35,6 +36,8 @@ class Predictor:
     * ``scores``: float32 ``[N]`` confidences;
     * ``labels``: int64 ``[N]`` class indices in ``[0, NUM_CLASSES)``;
     * ``masks``: bool ``[N, H, W]``, only for models with a mask head;
+    * ``keypoints``: float32 ``[N, K, 3]`` (x, y, score: the heatmap logit), only for models with
+      a keypoint head;
     * ``instances``: the model's raw ``Instances`` (on the CPU).
     """
 
@@ -50,6 +53,7 @@ class Predictor:
             self.load_weights(self.cfg.MODEL.WEIGHTS)
         self.min_size, self.max_size = int(self.cfg.INPUT.MIN_SIZE_TEST), int(self.cfg.INPUT.MAX_SIZE_TEST)
         self.has_masks = bool(getattr(self.model.roi_heads, "mask_on", False))
+        self.has_keypoints = bool(getattr(self.model.roi_heads, "keypoint_on", False))
 
     def load_weights(self, path: str) -> LoadReport:
         """Load a state dict or a trainer checkpoint into the model (the engine's loader: matching
@@ -111,4 +115,10 @@ class Predictor:
                 out["masks"] = instances.pred_masks.numpy().astype(bool, copy=False)
             else:  # no detections may mean the mask head was never asked for a mask
                 out["masks"] = np.zeros((0, height, width), dtype=bool)
+        if self.has_keypoints:
+            if instances.has("pred_keypoints"):
+                out["keypoints"] = instances.pred_keypoints.numpy().astype(np.float32, copy=False)
+            else:
+                num_keypoints = self.cfg.MODEL.ROI_KEYPOINT_HEAD.NUM_KEYPOINTS
+                out["keypoints"] = np.zeros((0, num_keypoints, 3), dtype=np.float32)
         return out
