@@ -2,7 +2,7 @@
 with a JSON beside it that says how to feed it and read its outputs.
 
 The graph is ``ExportableDetector`` (see wrapper.py): one uint8 image of any height and width in,
-boxes / scores / classes (and M×M mask probabilities) out. ONNX is converted from the same
+boxes / scores / classes (and M×M mask probabilities, S×S keypoint heatmaps) out. ONNX is converted from the same
 ExportedProgram, with detcore's ops as NonMaxSuppression / RoiAlign (onnx_ops.py).
 """
 import os
@@ -128,6 +128,11 @@ def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class
         "score_threshold": float(cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST),
         "mask_threshold": float(cfg.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD) if detector.mask_on else None,
         "mask_paste_mode": cfg.MODEL.ROI_MASK_HEAD.PASTE_MODE if detector.mask_on else None,
+        "keypoint_decode": (
+            "detcore.export.decode_keypoints(keypoint_heatmaps, boxes): per box, the heatmaps resized "
+            "bicubically to the box's size in pixels (rounded up), the best pixel's center and logit"
+            if detector.keypoint_on else None
+        ),
         "onnx_opset": OPSET if fmt == "onnx" else None,
         "config": cfg.dump(),
         "versions": {

@@ -7,7 +7,9 @@ sized images, the detections of all of them, with ``image_index`` [N] saying who
 * ``boxes``: float32 ``[N, 4]`` xyxy in the input image's pixels;
 * ``scores``: float32 ``[N]``; ``classes``: int64 ``[N]`` in ``[0, NUM_CLASSES)``;
 * ``mask_probs`` (Mask R-CNN only): float32 ``[N, M, M]`` mask probabilities of each detection's
-  class, in its box (M = 28 for the standard head).
+  class, in its box (M = 28 for the standard head);
+* ``keypoint_heatmaps`` (Keypoint R-CNN only): float32 ``[N, K, S, S]`` heatmap logits of each
+  detection's K keypoints, in its box (S = 56 for the standard head).
 
 Normalization and padding are in the graph; resizing is not: torch.export cannot keep a resize
 whose output size depends on the input's through a min/max rule as one graph for every size, so
@@ -16,6 +18,10 @@ the caller resizes (``resize_for_model``), or exports for images already at mode
 Masks come out as the head's M×M probabilities, not pasted full-image masks: a full-image mask
 per detection is N×H×W (100 × 800 × 1333 floats is 400 MB) and pasting is a per-box loop that
 exports poorly; ``paste_masks`` (the model's own paste) turns them into image masks on the host.
+Keypoints come out as heatmaps for the same reason: decoding resizes each box's maps to the box's
+own size in pixels before taking the best pixel (how every reference decodes, so published weights
+predict what they predict there), a per-box output size no static graph can hold;
+``decode_keypoints`` (the model's own decoding) turns them into ``[N, K, 3]`` keypoints.
 """
 from typing import Optional, Tuple
 
@@ -23,10 +29,10 @@ import torch
 from torch import Tensor, nn
 
 from detcore.data.transforms import ResizeShortestEdge
-from detcore.structures import Boxes
+from detcore.structures import Boxes, heatmaps_to_keypoints
 from detcore.structures.mask_paste import paste_masks_in_image
 
-__all__ = ["ExportableDetector", "paste_masks", "resize_for_model"]
+__all__ = ["ExportableDetector", "decode_keypoints", "paste_masks", "resize_for_model"]
 
 INPUT_LAYOUTS = ("CHW", "HWC")
 
@@ -47,6 +53,7 @@ class ExportableDetector(nn.Module):
         self.input_layout = input_layout
         self.batch_size = batch_size
         self.mask_on = bool(getattr(model.roi_heads, "mask_on", False))
+        self.keypoint_on = bool(getattr(model.roi_heads, "keypoint_on", False))
 
     def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
         images = [image] if self.batch_size is None else [image[i] for i in range(self.batch_size)]
@@ -70,11 +77,14 @@ class ExportableDetector(nn.Module):
         outputs = (boxes[keep], result.scores[keep], result.pred_classes[keep])
         if self.mask_on:
             outputs += (result.pred_masks[keep][:, 0],)
+        if self.keypoint_on:
+            outputs += (result.pred_keypoint_heatmaps[keep],)
         return outputs
 
     @property
     def output_names(self) -> Tuple[str, ...]:
         names = ("boxes", "scores", "classes") + (("mask_probs",) if self.mask_on else ())
+        names += ("keypoint_heatmaps",) if self.keypoint_on else ()
         return names + (("image_index",) if self.batch_size is not None else ())
 
 
@@ -96,3 +106,10 @@ def paste_masks(
     mode: the config's MODEL.ROI_MASK_HEAD.MASK_THRESHOLD and PASTE_MODE, kept in the export's
     JSON)."""
     return paste_masks_in_image(mask_probs, boxes, (height, width), threshold=threshold, mode=mode)
+
+
+def decode_keypoints(keypoint_heatmaps: Tensor, boxes: Tensor) -> Tensor:
+    """``[N, K, S, S]`` heatmap logits and their ``[N, 4]`` boxes (both as the graph gives them)
+    → ``[N, K, 3]`` keypoints (x, y, score: the heatmap logit there) in the boxes' pixels, as the
+    eager model decodes them. Scale x and y like the boxes to map them to another image size."""
+    return heatmaps_to_keypoints(torch.as_tensor(keypoint_heatmaps), torch.as_tensor(boxes))
