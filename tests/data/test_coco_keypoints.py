@@ -159,3 +159,17 @@ def test_images_with_few_keypoints_are_filtered():
     assert filter_images_with_few_keypoints(records, 1) == records[:2]
     with pytest.raises(ValueError, match="MIN_KEYPOINTS_PER_IMAGE"):
         filter_images_with_few_keypoints(records, 3)
+
+
+def test_records_convert_back_to_the_jsons_keypoints(tmp_path):
+    """A dataset registered from code is evaluated through a converted json: its keypoints must
+    come back as COCO's pixel indices, with their counts."""
+    from detcore.data.datasets import convert_to_coco_dict
+
+    records = _load(tmp_path, DATA)
+    converted = convert_to_coco_dict(records, ["figure"], {1: 0})
+    for original, ann in zip(DATA["annotations"], converted["annotations"]):
+        triplets = [original["keypoints"][i : i + 3] for i in range(0, len(original["keypoints"]), 3)]
+        # Unlabeled points as COCO writes them: (0, 0, 0).
+        assert ann["keypoints"] == [float(v) if t[2] else 0.0 for t in triplets for v in t]
+        assert ann["num_keypoints"] == original["num_keypoints"]
