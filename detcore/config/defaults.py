@@ -286,6 +286,42 @@ _C.INPUT.RANDOM_FLIP = "horizontal"
 # before p6); 0 pads only to the largest image.
 _C.INPUT.SIZE_DIVISIBILITY = 32
 
+# Training augmentation beyond resize and flip; everything below is off by default, and a config
+# that leaves it off gets exactly the pipeline it had before (same images for the same seed).
+# Order of the training pipeline: crop, resize (or large-scale jitter), flip, colour.
+_C.INPUT.COLOR_JITTER = CN()
+# Each draws a factor uniformly in [1 - v, 1 + v] per image, v in [0, 1], 0 = off: brightness
+# scales the pixels, contrast blends with the image's mean grey, saturation with each pixel's grey.
+_C.INPUT.COLOR_JITTER.BRIGHTNESS = 0.0
+_C.INPUT.COLOR_JITTER.CONTRAST = 0.0
+_C.INPUT.COLOR_JITTER.SATURATION = 0.0
+# Standard deviation of AlexNet's PCA lighting noise (ImageNet eigenvalues for 0..255 pixels;
+# AlexNet used 0.1), >= 0, 0 = off. detectron2's RandomLighting with the same scale is ~255x weaker.
+_C.INPUT.COLOR_JITTER.LIGHTING = 0.0
+
+_C.INPUT.CROP = CN()
+# Random crop of the image (before resizing), as detectron2's INPUT.CROP. Instances left outside
+# are dropped, boxes and polygons clipped to the crop; with MODEL.MASK_ON the boxes become the
+# boxes of the clipped masks. A crop keeping no instance trains as background, as in detectron2.
+_C.INPUT.CROP.ENABLED = False
+# "relative": SIZE is (h, w) fractions of the image; "relative_range": fractions drawn in [SIZE, 1];
+# "absolute": SIZE is (h, w) pixels (capped at the image); "absolute_range": each side drawn in
+# [SIZE[0], SIZE[1]] pixels.
+_C.INPUT.CROP.TYPE = "relative_range"
+_C.INPUT.CROP.SIZE = (0.9, 0.9)
+
+_C.INPUT.LARGE_SCALE_JITTER = CN()
+# Large-scale jitter (LSJ) instead of MIN_SIZE_TRAIN / MAX_SIZE_TRAIN: resize to fit
+# scale * OUTPUT_SIZE with scale uniform in SCALE_RANGE, then crop at a random place / pad at the
+# bottom-right (with MODEL.PIXEL_MEAN, which the model normalizes to 0 as its own padding) to
+# exactly OUTPUT_SIZE. Test images keep INPUT.MIN_SIZE_TEST / MAX_SIZE_TEST (set them to fit
+# OUTPUT_SIZE). With MODEL.MASK_ON the boxes become the boxes of the clipped masks.
+_C.INPUT.LARGE_SCALE_JITTER.ENABLED = False
+# (height, width) of every training image, pixels.
+_C.INPUT.LARGE_SCALE_JITTER.OUTPUT_SIZE = (1024, 1024)
+# (min, max) scale of OUTPUT_SIZE the image is resized to fit; the LSJ paper uses (0.1, 2.0).
+_C.INPUT.LARGE_SCALE_JITTER.SCALE_RANGE = (0.1, 2.0)
+
 # ---------------------------------------------------------------------------------------------
 # Datasets and loading
 # ---------------------------------------------------------------------------------------------
@@ -367,6 +403,25 @@ _C.TEST.EVAL_PERIOD = 0
 # Images per inference batch (per process) in evaluation; >= 1. Images of a batch are padded to
 # the largest of them; detections do not depend on it beyond float rounding.
 _C.TEST.IMS_PER_BATCH = 1
+
+_C.TEST.AUG = CN()
+# Test-time augmentation in evaluation (tools/test_net.py and the trainer): every short side of
+# MIN_SIZES (long side capped at MAX_SIZE), each also flipped horizontally with FLIP; detections
+# mapped back to the image and merged, mask probabilities averaged over all the augmentations.
+# The test loader then hands over the images unresized (INPUT.MIN_SIZE_TEST is not used), and the
+# results go to OUTPUT_DIR/inference/<dataset>_TTA.
+_C.TEST.AUG.ENABLED = False
+# Short sides to run, pixels (0: the image as it is), and the long side cap of all of them.
+_C.TEST.AUG.MIN_SIZES = (400, 500, 600, 700, 800, 900, 1000, 1100, 1200)
+_C.TEST.AUG.MAX_SIZE = 4000
+# Also run every scale flipped horizontally.
+_C.TEST.AUG.FLIP = True
+# How the detections of all augmentations are merged: "nms" (per-class NMS at
+# MODEL.ROI_HEADS.NMS_THRESH_TEST, as detectron2) or "box_voting" (the same NMS, then each kept box
+# becomes the score-weighted mean of the same-class boxes overlapping it by BOX_VOTING_IOU or more,
+# as Detectron's TEST.BBOX_VOTE).
+_C.TEST.AUG.MERGE = "nms"
+_C.TEST.AUG.BOX_VOTING_IOU = 0.8
 
 # ---------------------------------------------------------------------------------------------
 # Misc

@@ -16,6 +16,7 @@ from .roi_heads import (
     build_roi_heads,
 )
 from .sampling import subsample_labels
+from .test_time_augmentation import GeneralizedRCNNWithTTA
 
 __all__ = [
     "ANCHOR_GENERATOR_REGISTRY",
@@ -30,6 +31,7 @@ __all__ = [
     "ROI_KEYPOINT_HEAD_REGISTRY",
     "Box2BoxTransform",
     "GeneralizedRCNN",
+    "GeneralizedRCNNWithTTA",
     "Matcher",
     "RPN",
     "ROIPooler",

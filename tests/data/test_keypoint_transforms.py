@@ -106,6 +106,15 @@ def test_any_transform_moves_the_points_and_the_image_border_unlabels_them():
     assert out.tolist() == [[27.5, 10.5, 2], [19.5, 50.5, 1], [0, 0, 0]]
 
 
+def test_the_crop_of_the_training_augmentation_moves_and_unlabels_points_too():
+    from detcore.data.transforms import CropTransform
+
+    crop = TransformList([CropTransform(20, 5, 40, 30, orig_w=60, orig_h=40), HFlipTransform(40)])
+    out = transform_keypoint_annotations(KEYPOINTS, crop, (30, 40), FLIP)
+    # Head left the crop; the left hand, at (30.5, 15.5) in the crop, is mirrored to the right hand.
+    assert out.tolist() == [[0, 0, 0], [0, 0, 0], [9.5, 15.5, 1]]
+
+
 def test_a_mirror_without_flip_indices_is_an_error():
     with pytest.raises(ValueError, match="mirror the image, so left/right keypoints must swap"):
         transform_keypoint_annotations(KEYPOINTS, TransformList([HFlipTransform(60)]), (40, 60))

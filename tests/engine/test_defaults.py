@@ -15,7 +15,7 @@ from detcore.engine import DefaultTrainer, default_setup
 from detcore.engine.checkpoint import LAST_CHECKPOINT_FILE, load_checkpoint_file
 from detcore.utils.plotting import read_metrics
 
-from .toy_model import REPO, TINY_RCNN, TOY, ToyDetector, make_cfg, subprocess_env
+from .toy_model import REPO, TINY_RCNN, TINY_VAL, TOY, ToyDetector, make_cfg, subprocess_env
 
 
 def toy_cfg(out, *extra):
@@ -298,3 +298,29 @@ def test_evaluation_results_reach_every_writer_before_the_next_step(tiny_cache, 
     events.Reload()
     assert [e.step for e in events.Scalars("bbox/AP")] == [1, 3, 4]
     assert [e.step for e in events.Scalars("total_loss")] == [1, 3, 4]
+
+
+def test_evaluation_with_test_time_augmentation(tiny_cache, tmp_path, monkeypatch, single_thread):
+    """TEST.AUG.ENABLED: the trainer's evaluation runs the TTA wrapper on unresized images and
+    writes its results beside the plain ones, under <dataset>_TTA."""
+    from detcore.modeling import GeneralizedRCNNWithTTA
+
+    opts = ["TEST.AUG.ENABLED", "True", "TEST.AUG.MIN_SIZES", "(48, 64)", "TEST.AUG.MAX_SIZE", "96",
+            "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.0"]
+    cfg = make_cfg(tmp_path, TINY_RCNN + opts)
+    cfg.freeze()
+    torch.manual_seed(0)
+    model = DefaultTrainer.build_model(cfg)
+    seen = []
+    augment = GeneralizedRCNNWithTTA.augment
+
+    def spy(self, image, orig_size):
+        seen.append((image.shape[:2], orig_size))
+        return augment(self, image, orig_size)
+
+    monkeypatch.setattr(GeneralizedRCNNWithTTA, "augment", spy)
+    results = DefaultTrainer.test(cfg, model)
+    assert set(results) == {"bbox", "segm"}
+    assert len(seen) == 6 and all(tuple(shape) == size for shape, size in seen)
+    assert (tmp_path / "inference" / f"{TINY_VAL}_TTA" / "coco_eval_metrics.json").is_file()
+    assert model.training  # the model's mode is left as it was
