@@ -18,7 +18,8 @@ _C = CN()
 _C.VERSION = 1
 
 _C.MODEL = CN()
-# Name of the meta-architecture in the META_ARCH registry.
+# Name of the meta-architecture in the META_ARCH registry: "GeneralizedRCNN" (Faster / Mask
+# R-CNN) or "ProposalNetwork" (backbone + RPN only: proposals, scored by their recall).
 _C.MODEL.META_ARCHITECTURE = "GeneralizedRCNN"
 # torch device the model and batches live on: "cpu", "cuda", "cuda:1", ...
 _C.MODEL.DEVICE = "cpu"
@@ -42,8 +43,9 @@ _C.MODEL.CHANNELS_LAST = True
 # Backbone: a ResNet body and an FPN on top
 # ---------------------------------------------------------------------------------------------
 _C.MODEL.BACKBONE = CN()
-# Backbone name in the BACKBONE registry: "FPN" (ResNet + FPN), "ResNet" (the body alone),
-# "RetinaNetFPN" (ResNet + FPN with P6/P7 from C5); detectron2's builder names select the same.
+# Backbone name in the BACKBONE registry: "FPN" (ResNet + FPN), "ResNet" (the body alone; with
+# RESNETS.OUT_FEATURES ["res4"] the backbone of a C4 model), "RetinaNetFPN" (ResNet + FPN with
+# P6/P7 from C5); detectron2's builder names select the same.
 _C.MODEL.BACKBONE.NAME = "FPN"
 # Stages frozen (no gradient): 0 none, 1 the stem, 2 stem + res2, 3 up to res3, 4 up to res4,
 # 5 everything.
@@ -159,7 +161,9 @@ _C.MODEL.RPN.MIN_SIZE = 0.0
 # ROI heads: box classification / regression and masks on the proposals
 # ---------------------------------------------------------------------------------------------
 _C.MODEL.ROI_HEADS = CN()
-# ROI heads name in the ROI_HEADS registry.
+# ROI heads name in the ROI_HEADS registry: "StandardROIHeads" (box head and mask head on FPN
+# levels) or "Res5ROIHeads" (C4: ResNet's res5 per ROI on one feature map, shared by boxes and
+# masks; it uses ROI_BOX_HEAD's pooler settings for both, and no ROI_BOX_HEAD.NAME head).
 _C.MODEL.ROI_HEADS.NAME = "StandardROIHeads"
 # Foreground classes; background is implicit (class index NUM_CLASSES).
 _C.MODEL.ROI_HEADS.NUM_CLASSES = 80
@@ -220,7 +224,8 @@ _C.MODEL.ROI_BOX_HEAD.SMOOTH_L1_BETA = 0.0
 _C.MODEL.ROI_MASK_HEAD = CN()
 # Mask head name in the ROI_MASK_HEAD registry.
 _C.MODEL.ROI_MASK_HEAD.NAME = "MaskRCNNConvUpsampleHead"
-# 3x3 convs before the 2x deconv, and their channels (4 x 256 -> 28x28 masks).
+# 3x3 convs before the 2x deconv, and their channels (4 x 256 -> 28x28 masks; C4 models: 0,
+# a deconv on res5's output).
 _C.MODEL.ROI_MASK_HEAD.NUM_CONV = 4
 _C.MODEL.ROI_MASK_HEAD.CONV_DIM = 256
 # Normalization of the convs: "" or null (none), "GN", "BN", "SyncBN", "FrozenBN".
@@ -283,7 +288,7 @@ _C.INPUT.MASK_FORMAT = "polygon"
 # Training flip augmentation: "none", "horizontal" or "vertical" (probability 0.5).
 _C.INPUT.RANDOM_FLIP = "horizontal"
 # Batched images are zero-padded to a multiple of this (32 = the coarsest FPN stride
-# before p6); 0 pads only to the largest image.
+# before p6; C4 models need none); 0 pads only to the largest image.
 _C.INPUT.SIZE_DIVISIBILITY = 32
 
 # Training augmentation beyond resize and flip; everything below is off by default, and a config

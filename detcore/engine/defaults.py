@@ -14,7 +14,7 @@ import logging
 import os
 import random
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -30,7 +30,7 @@ from detcore.evaluation import (
     DatasetEvaluators,
     PascalVOCDetectionEvaluator,
 )
-from detcore.modeling import GeneralizedRCNNWithTTA, build_model
+from detcore.modeling import META_ARCH_REGISTRY, GeneralizedRCNNWithTTA, ProposalNetwork, build_model
 from detcore.solver import build_gradient_clipper, build_lr_scheduler, build_optimizer
 from detcore.utils import comm
 from detcore.utils.logger import setup_logger
@@ -291,12 +291,16 @@ class DefaultTrainer(TrainerBase):
         return build_detection_test_loader(cfg, dataset_name)
 
     @classmethod
-    def build_evaluator(cls, cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
+    def build_evaluator(
+        cls, cfg, dataset_name: str, output_folder: Optional[str] = None, tasks: Optional[Sequence[str]] = None
+    ) -> DatasetEvaluator:
         """The evaluator of the dataset's ``evaluator_type`` (``EVALUATOR_TYPES``): "coco", box
         (and mask with MODEL.MASK_ON, keypoint with MODEL.KEYPOINT_ON) AP by pycocotools, for a
         dataset registered from code too (its records are converted to a COCO json in the output
         folder); "pascal_voc", the VOC devkit's AP; "cityscapes_instance", Cityscapes' own
-        instance AP and COCO AP. Results go to OUTPUT_DIR/inference/<dataset> (<dataset>_TTA with
+        instance AP and COCO AP. A ProposalNetwork is scored by its proposals' recall
+        ("box_proposals", COCO-style on any of them); ``tasks`` picks COCOEvaluator tasks
+        explicitly. Results go to OUTPUT_DIR/inference/<dataset> (<dataset>_TTA with
         TEST.AUG.ENABLED)."""
         if output_folder is None:
             suffix = "_TTA" if cfg.TEST.AUG.ENABLED else ""
@@ -307,6 +311,10 @@ class DefaultTrainer(TrainerBase):
                 f"No evaluator for dataset '{dataset_name}' of evaluator_type {kind!r} (known: "
                 f"{list(EVALUATOR_TYPES)}); override DefaultTrainer.build_evaluator"
             )
+        if tasks is None and issubclass(META_ARCH_REGISTRY.get(cfg.MODEL.META_ARCHITECTURE), ProposalNetwork):
+            tasks = ("box_proposals",)
+        if tasks is not None:
+            return COCOEvaluator(dataset_name, tasks, output_folder, distributed=True, metadata_fn=MetadataCatalog.get)
         if kind == "pascal_voc":
             return PascalVOCDetectionEvaluator(dataset_name, output_folder, distributed=True)
         tasks = ("bbox",) + (("segm",) if cfg.MODEL.MASK_ON else ()) + (("keypoints",) if cfg.MODEL.KEYPOINT_ON else ())

@@ -42,6 +42,10 @@ class Predictor:
     * ``keypoints``: float32 ``[N, K, 3]`` (x, y, score: the heatmap logit), only for models with
       a keypoint head;
     * ``instances``: the model's raw ``Instances`` (on the CPU).
+
+    A ProposalNetwork (RPN-only model) gives its proposals instead: ``boxes`` float32 ``[N, 4]``,
+    ``objectness_logits`` float32 ``[N]`` (by decreasing objectness) and ``proposals`` (its raw
+    ``Instances``).
     """
 
     def __init__(self, cfg):
@@ -60,8 +64,9 @@ class Predictor:
         if self.cfg.TEST.AUG.ENABLED:
             self.runner = build_from_config(GeneralizedRCNNWithTTA, self.cfg, self.model)
             self.min_size = 0
-        self.has_masks = bool(getattr(self.model.roi_heads, "mask_on", False))
-        self.has_keypoints = bool(getattr(self.model.roi_heads, "keypoint_on", False))
+        roi_heads = getattr(self.model, "roi_heads", None)  # a ProposalNetwork has none
+        self.has_masks = bool(getattr(roi_heads, "mask_on", False))
+        self.has_keypoints = bool(getattr(roi_heads, "keypoint_on", False))
 
     def load_weights(self, path: str) -> LoadReport:
         """Load a state dict or a trainer checkpoint into the model (the engine's loader: matching
@@ -110,7 +115,19 @@ class Predictor:
             return []
         with torch.no_grad():
             outputs = self.runner(inputs)
-        return [self._as_arrays(out["instances"].to("cpu"), x["height"], x["width"]) for out, x in zip(outputs, inputs)]
+        return [
+            self._proposal_arrays(out["proposals"].to("cpu")) if "proposals" in out
+            else self._as_arrays(out["instances"].to("cpu"), x["height"], x["width"])
+            for out, x in zip(outputs, inputs)
+        ]
+
+    @staticmethod
+    def _proposal_arrays(proposals) -> dict:
+        return {
+            "boxes": proposals.proposal_boxes.tensor.numpy().astype(np.float32, copy=False),
+            "objectness_logits": proposals.objectness_logits.numpy().astype(np.float32, copy=False),
+            "proposals": proposals,
+        }
 
     def _as_arrays(self, instances, height: int, width: int) -> dict:
         out = {

@@ -125,7 +125,7 @@ class GeneralizedRCNNWithTTA(nn.Module):
         missing = [a for a in ("preprocess_image", "backbone", "proposal_generator", "roi_heads") if not hasattr(model, a)]
         if missing:
             raise TypeError(
-                f"GeneralizedRCNNWithTTA: the model must be a two-stage detector like GeneralizedRCNN; "
+                f"GeneralizedRCNNWithTTA (TEST.AUG.ENABLED): the model must be a two-stage detector like GeneralizedRCNN; "
                 f"{type(model).__name__} has no {missing}"
             )
         if getattr(model.roi_heads, "keypoint_on", False):

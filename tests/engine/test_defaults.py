@@ -219,19 +219,7 @@ def test_sigkill_then_resume_restores_the_saved_state(tiny_cache, tmp_path):
     assert iterations == list(range(saved["iteration"] + 3))  # redone iterations not duplicated
 
 
-@pytest.fixture
-def restore_detcore_logger():
-    logger = logging.getLogger("detcore")
-    state = (list(logger.handlers), logger.propagate, logger.level)
-    yield
-    for h in logger.handlers:
-        if h not in state[0]:
-            h.close()
-    logger.handlers[:] = state[0]
-    logger.propagate, logger.level = state[1], state[2]
-
-
-def test_default_setup_writes_config_log_and_seeds(tmp_path, restore_detcore_logger):
+def test_default_setup_writes_config_log_and_seeds(tmp_path):
     out = tmp_path / "setup"
     cfg = make_cfg(out, ["SEED", "-1"])
     cfg.freeze()
