@@ -67,12 +67,24 @@ def test_torchvision_keypoint_checkpoint_fills_the_preset_name_by_name(tv_model)
     assert converted["roi_heads.box_predictor.cls_score.bias"].tolist() == state["roi_heads.box_predictor.cls_score.bias"][[1, 0]].tolist()
 
 
-def test_the_installed_torchvision_module_layout_maps_too(tv_model):
+def test_the_installed_torchvision_module_layout_maps_and_computes_the_same_heatmaps(tv_model):
     torchvision = pytest.importorskip("torchvision")
     tv = torchvision.models.detection.keypointrcnn_resnet50_fpn(weights=None, weights_backbone=None)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # fresh weights at the init's scale, and random biases (the init zeroes them)
+        for p in list(tv.roi_heads.keypoint_head.parameters()) + list(tv.roi_heads.keypoint_predictor.parameters()):
+            std = (2.0 / p[0].numel()) ** 0.5 if p.dim() > 1 else 0.1
+            p.copy_(torch.randn(p.shape, generator=g) * std)
     converted, report = convert_state_dict(tv.state_dict(), tv_model)
     assert report.complete, report.table()
     tv_model.load_state_dict(converted, strict=True)
+    # The converted head computes torchvision's heatmaps (convs, deconv and 2x bilinear upsampling).
+    pooled = torch.randn(3, 256, 14, 14, generator=g)
+    with torch.no_grad():
+        expected = tv.eval().roi_heads.keypoint_predictor(tv.roi_heads.keypoint_head(pooled))
+        got = tv_model.roi_heads.keypoint_head.layers(pooled)
+    assert got.shape == expected.shape == (3, 17, 56, 56) and expected.std() > 0.1
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_detectron2_keypoint_checkpoint_fills_its_preset_name_by_name(tmp_path):

@@ -170,6 +170,8 @@ def check_keypoint_parity(height, width, proposals):
         torch.testing.assert_close(our_losses[names[tv_name]], value, rtol=1e-3, atol=1e-6, msg=lambda m: f"{tv_name}: {m}")
 
 
+@pytest.mark.slow  # ~20 s of CPU (two R-50 models with 8 x conv 512 heads); the mappings and the
+# heatmap decoding against torchvision's are checked fast in test_keypoint_mappings / test_keypoints
 def test_keypoint_rcnn_matches_torchvision_small_image():
     check_keypoint_parity(256, 352, proposals=(600, 300))
 

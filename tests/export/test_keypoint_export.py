@@ -75,6 +75,7 @@ def test_exported_program_gives_the_eager_heatmaps(exported, short_side):
         _assert_same(program.module()(image), detector(image))
 
 
+@pytest.mark.slow  # ~20 s of CPU for the ONNX conversion (the ExportedProgram tests stay fast)
 def test_onnx_in_onnxruntime_gives_the_eager_heatmaps(exported, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
