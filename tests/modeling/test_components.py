@@ -114,29 +114,22 @@ def plain_roi_heads():
 
 
 def plain_res5_roi_heads():
-    # small_cfg with C4_OVERRIDES: R-18's res5 on 8 x 8 ROIs of res4 (256 channels, stride 16).
-    res5, out_channels = make_stage(18, 3, 256, first_stride=2, res2_out_channels=64, stride_in_1x1=True, norm="GN")
+    """Res5ROIHeads as mask_rcnn_R_18_C4_shapes.yaml (shrunk by small_cfg) builds it on R-18's res4."""
+    res5, channels = make_stage(18, 3, 256, first_stride=2, res2_out_channels=64, stride_in_1x1=True, norm="GN")
     return Res5ROIHeads(
         in_features=["res4"],
         pooler=ROIPooler(8, (1 / 16,), sampling_ratio=0),
         res5=res5,
         box_predictor=FastRCNNOutputLayers(
-            ShapeSpec(channels=out_channels), box2box_transform=Box2BoxTransform((10.0, 10.0, 5.0, 5.0)),
-            num_classes=3, test_score_thresh=0.0, test_topk_per_image=20,
+            ShapeSpec(channels=channels), box2box_transform=Box2BoxTransform((10.0, 10.0, 5.0, 5.0)), num_classes=3,
+            test_score_thresh=0.0, test_topk_per_image=20,
         ),
         num_classes=3,
         batch_size_per_image=32,
         positive_fraction=0.25,
         proposal_matcher=Matcher([0.5], [0, 1]),
-        mask_head=MaskRCNNConvUpsampleHead(ShapeSpec(channels=out_channels, height=4, width=4), num_classes=3, conv_dims=[32, 32]),
+        mask_head=MaskRCNNConvUpsampleHead(ShapeSpec(channels=channels, height=4, width=4), num_classes=3, conv_dims=[32, 32]),
     )
-
-
-C4_OVERRIDES = {
-    "MODEL.ROI_HEADS.IN_FEATURES": ["res4"],
-    "MODEL.ROI_BOX_HEAD.POOLER_RESOLUTION": 8,
-    "MODEL.ROI_MASK_HEAD.POOLER_RESOLUTION": 8,
-}
 
 
 def plain_proposal_network():
@@ -163,7 +156,7 @@ def plain_rcnn():
 
 
 # registry -> {registered name: (plain-argument builder, what the registry's build gets besides cfg
-# [, config overrides beyond small_cfg's])}
+# [, the configs/ file it is selected in, when not small_cfg's default])}
 BUILT_IN = {
     "META_ARCH": {"GeneralizedRCNN": (plain_rcnn, ()), "ProposalNetwork": (plain_proposal_network, ())},
     "BACKBONE": {
@@ -176,7 +169,7 @@ BUILT_IN = {
     "RPN_HEAD": {"StandardRPNHead": (lambda: StandardRPNHead(CHANNELS, 3), (list(LEVEL_SHAPES.values()),))},
     "ROI_HEADS": {
         "StandardROIHeads": (plain_roi_heads, (LEVEL_SHAPES,)),
-        "Res5ROIHeads": (plain_res5_roi_heads, ({"res4": ShapeSpec(channels=256, stride=16)},), C4_OVERRIDES),
+        "Res5ROIHeads": (plain_res5_roi_heads, ({"res4": ShapeSpec(channels=256, stride=16)},), "mask_rcnn_R_18_C4_shapes.yaml"),
     },
     "ROI_BOX_HEAD": {"FastRCNNConvFCHead": (plain_box_head, (ShapeSpec(channels=CHANNELS, height=7, width=7),))},
     "ROI_BOX_PREDICTOR": {"FastRCNNOutputLayers": (plain_box_predictor, (ShapeSpec(channels=32),))},
@@ -240,8 +233,8 @@ def describe(module: nn.Module):
     return out
 
 
-def selecting(registry: Registry, name: str, overrides=None):
-    cfg = small_cfg(**(overrides or {}))
+def selecting(registry: Registry, name: str, *config: str):
+    cfg = small_cfg(*config)
     cfg.merge_from_list([registry.config_key, name])
     return cfg
 
@@ -251,8 +244,8 @@ def selecting(registry: Registry, name: str, overrides=None):
 )
 def test_component_from_plain_arguments_equals_the_one_built_from_a_config(registry_name, name):
     registry = all_registries()[registry_name]
-    plain, build_args, *overrides = BUILT_IN[registry_name][name]
-    from_config = registry.build(selecting(registry, name, *overrides), *build_args)
+    plain, build_args, *config = BUILT_IN[registry_name][name]
+    from_config = registry.build(selecting(registry, name, *config), *build_args)
     assert type(from_config) is registry.get(name)
     assert describe(plain()) == describe(from_config)
 

@@ -55,11 +55,8 @@ def test_train_and_test_net_on_a_voc_tree(tiny_cache, tmp_path, monkeypatch):
     test_net = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(test_net)
     eval_out = tmp_path / "eval"
-    # Through the tool's own parser, so a new option's default reaches main().
-    monkeypatch.setattr(sys, "argv", [
-        "test_net.py", "--config-file", CONFIG,
+    args = test_net.parse_args(["--config-file", CONFIG,
         *TOY, *VOC_DATA, "MODEL.WEIGHTS", str(out / "model_final.pth"), "OUTPUT_DIR", str(eval_out)])
-    args = test_net.parse_args()
     evaluated = test_net.main(args)["bbox"]
     assert evaluated == pytest.approx(trained, nan_ok=True)
     assert set(evaluated) >= {"AP", "AP50", "AP75", "AP50-11point", "AP50-area", "AP50-area-bottle", "AP50-11point-dog"}
