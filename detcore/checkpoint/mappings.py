@@ -2,8 +2,8 @@
 
     format                   where it comes from                            names
     "detcore"                detcore training (maybe DDP "module.")         as the model's
-    "torchvision-detection"  torchvision fasterrcnn/maskrcnn/retinanet_      backbone.body.layer1..., rpn.head...,
-                             resnet50_fpn                                   head.classification_head...
+    "torchvision-detection"  torchvision faster/mask/keypointrcnn_resnet50_ backbone.body.layer1..., rpn.head...,
+                             fpn, retinanet_resnet50_fpn                    head.classification_head...
     "detectron2"             detectron2 model zoo (.pkl) or training (.pth) backbone.bottom_up.res2.0.conv1.norm...
     "caffe2-resnet"          Detectron / MSRA ImageNet ResNets (R-50.pkl)   res2_0_branch2a_w, res2_0_branch2a_bn_s
     "torchvision-resnet"     ImageNet ResNets in torchvision's names, maybe conv1, layer1.0.bn1 (or module.pre.conv1)
@@ -200,6 +200,11 @@ _TV_DETECTION_RULES = [
           lambda m: f"roi_heads.mask_head.deconv.{m[1]}"),
     rule(r"^roi_heads\.mask_predictor\.mask_fcn_logits\.(weight|bias)$",
           lambda m: f"roi_heads.mask_head.predictor.{m[1]}"),
+    # Keypoint R-CNN: an nn.Sequential of (conv, ReLU) x 8, so the convs are its even entries.
+    rule(r"^roi_heads\.keypoint_head\.(\d*[02468])\.(weight|bias)$",
+          lambda m: f"roi_heads.keypoint_head.conv_fcn{int(m[1]) // 2 + 1}.{m[2]}"),
+    rule(r"^roi_heads\.keypoint_predictor\.kps_score_lowres\.(weight|bias)$",
+          lambda m: f"roi_heads.keypoint_head.score_lowres.{m[1]}"),
 ]  # fmt: skip
 
 _CLS_SCORE = "roi_heads.box_predictor.cls_score."

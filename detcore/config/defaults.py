@@ -27,6 +27,8 @@ _C.MODEL.DEVICE = "cpu"
 _C.MODEL.WEIGHTS = ""
 # True: Mask R-CNN (box + mask heads); False: Faster R-CNN (boxes only).
 _C.MODEL.MASK_ON = False
+# True: Keypoint R-CNN (a keypoint head on the detections; with MASK_ON too, both heads).
+_C.MODEL.KEYPOINT_ON = False
 # Per-channel mean / std subtracted / divided from input pixels, in INPUT.FORMAT channel
 # order and 0-255 scale (these are the ImageNet statistics in BGR).
 _C.MODEL.PIXEL_MEAN = [103.530, 116.280, 123.675]
@@ -270,6 +272,27 @@ _C.MODEL.ROI_MASK_HEAD.PASTE_MODE = "aligned"
 # Pasted mask probabilities >= this become foreground pixels.
 _C.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD = 0.5
 
+_C.MODEL.ROI_KEYPOINT_HEAD = CN()
+# Keypoint head name in the ROI_KEYPOINT_HEAD registry.
+_C.MODEL.ROI_KEYPOINT_HEAD.NAME = "KRCNNConvDeconvUpsampleHead"
+# K, keypoints per instance (17 for COCO persons); the dataset's keypoint_names must have K names.
+_C.MODEL.ROI_KEYPOINT_HEAD.NUM_KEYPOINTS = 17
+# Output channels of the 3x3 convs (each + ReLU) before the deconv: 8 x 512 in the paper.
+_C.MODEL.ROI_KEYPOINT_HEAD.CONV_DIMS = [512] * 8
+# Side of the pooled feature; heatmaps come out at four times this (14 -> 56x56).
+_C.MODEL.ROI_KEYPOINT_HEAD.POOLER_RESOLUTION = 14
+# ROIAlign samples per bin side; 0 = adaptive.
+_C.MODEL.ROI_KEYPOINT_HEAD.POOLER_SAMPLING_RATIO = 0
+# ROIAlign aligned=True (see ROI_BOX_HEAD.POOLER_ALIGNED).
+_C.MODEL.ROI_KEYPOINT_HEAD.POOLER_ALIGNED = True
+# True: the loss is the mean over the batch's labeled keypoints inside their ROIs. False: the
+# published Detectron normalization, the sum divided by what a full batch could hold
+# (images x NUM_KEYPOINTS x ROI_HEADS.BATCH_SIZE_PER_IMAGE x POSITIVE_FRACTION), so batches with
+# few points are not up-weighted; use LOSS_WEIGHT 4.0 with it.
+_C.MODEL.ROI_KEYPOINT_HEAD.NORMALIZE_LOSS_BY_VISIBLE_KEYPOINTS = True
+# Multiplier of the keypoint loss.
+_C.MODEL.ROI_KEYPOINT_HEAD.LOSS_WEIGHT = 1.0
+
 # ---------------------------------------------------------------------------------------------
 # RetinaNet (MODEL.META_ARCHITECTURE "RetinaNet"): a dense head on the FPN levels, focal loss
 # ---------------------------------------------------------------------------------------------
@@ -397,6 +420,9 @@ _C.DATALOADER.NUM_WORKERS = 2
 _C.DATALOADER.ASPECT_RATIO_GROUPING = True
 # Drop training images without any annotation.
 _C.DATALOADER.FILTER_EMPTY_ANNOTATIONS = True
+# With MODEL.KEYPOINT_ON, drop training images with fewer labeled keypoints (v > 0, all
+# instances together) than this; 0 keeps them all.
+_C.DATALOADER.MIN_KEYPOINTS_PER_IMAGE = 1
 # Training sampler name: "TrainingSampler" (infinite shuffled stream).
 _C.DATALOADER.SAMPLER_TRAIN = "TrainingSampler"
 

@@ -3,7 +3,8 @@
 The simplest way to use a trained model from a script or a notebook:
 
     predictor = Predictor(cfg)            # cfg.MODEL.WEIGHTS: the trained checkpoint
-    out = predictor(cv2.imread("a.jpg"))  # out["boxes"], out["scores"], out["labels"], out["masks"]
+    out = predictor(cv2.imread("a.jpg"))  # out["boxes"], out["scores"], out["labels"], out["masks"],
+                                          # out["keypoints"]
 
 It applies the same test-time preprocessing as the evaluation data loader (channel order
 INPUT.FORMAT, shortest edge resized to INPUT.MIN_SIZE_TEST capped at INPUT.MAX_SIZE_TEST, the way
@@ -39,6 +40,8 @@ class Predictor:
     * ``scores``: float32 ``[N]`` confidences;
     * ``labels``: int64 ``[N]`` class indices in ``[0, NUM_CLASSES)``;
     * ``masks``: bool ``[N, H, W]``, only for models with a mask head;
+    * ``keypoints``: float32 ``[N, K, 3]`` (x, y, score: the heatmap logit), only for models with
+      a keypoint head;
     * ``instances``: the model's raw ``Instances`` (on the CPU).
 
     A ProposalNetwork (RPN-only model) gives its proposals instead: ``boxes`` float32 ``[N, 4]``,
@@ -64,6 +67,8 @@ class Predictor:
             self.runner = build_from_config(GeneralizedRCNNWithTTA, self.cfg, self.model)
             self.min_size = 0
         self.has_masks = bool(getattr(self.model, "mask_on", False))
+        roi_heads = getattr(self.model, "roi_heads", None)  # a ProposalNetwork or RetinaNet has none
+        self.has_keypoints = bool(getattr(roi_heads, "keypoint_on", False))
 
     def load_weights(self, path: str) -> LoadReport:
         """Load a state dict or a trainer checkpoint into the model (the engine's loader: matching
@@ -139,4 +144,10 @@ class Predictor:
                 out["masks"] = instances.pred_masks.numpy().astype(bool, copy=False)
             else:  # no detections may mean the mask head was never asked for a mask
                 out["masks"] = np.zeros((0, height, width), dtype=bool)
+        if self.has_keypoints:
+            if instances.has("pred_keypoints"):
+                out["keypoints"] = instances.pred_keypoints.numpy().astype(np.float32, copy=False)
+            else:
+                num_keypoints = self.cfg.MODEL.ROI_KEYPOINT_HEAD.NUM_KEYPOINTS
+                out["keypoints"] = np.zeros((0, num_keypoints, 3), dtype=np.float32)
         return out

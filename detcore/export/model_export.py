@@ -2,10 +2,10 @@
 or ONNX (.onnx), with a JSON beside it that says how to feed it and read its outputs.
 
 The graph is ``ExportableDetector`` (see wrapper.py): one uint8 image of any height and width in,
-boxes / scores / classes (and M×M mask probabilities) out; for a ProposalNetwork, proposal boxes
-and their objectness logits. TorchScript and ONNX are converted from the same ExportedProgram:
-TorchScript prints its graph (torchscript.py), ONNX translates it, with detcore's ops as
-NonMaxSuppression / RoiAlign (onnx_ops.py).
+boxes / scores / classes (and M×M mask probabilities, S×S keypoint heatmaps) out; for a
+ProposalNetwork, proposal boxes and their objectness logits. TorchScript and ONNX are converted
+from the same ExportedProgram: TorchScript prints its graph (torchscript.py), ONNX translates it,
+with detcore's ops as NonMaxSuppression / RoiAlign (onnx_ops.py).
 """
 import os
 import platform
@@ -154,6 +154,11 @@ def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class
         "score_threshold": None if detector.proposals_only else float(_score_threshold(cfg)),
         "mask_threshold": float(cfg.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD) if detector.mask_on else None,
         "mask_paste_mode": cfg.MODEL.ROI_MASK_HEAD.PASTE_MODE if detector.mask_on else None,
+        "keypoint_decode": (
+            "detcore.export.decode_keypoints(keypoint_heatmaps, boxes): per box, the heatmaps resized "
+            "bicubically to the box's size in pixels (rounded up), the best pixel's center and logit"
+            if detector.keypoint_on else None
+        ),
         "box_legacy_plus_one": bool(cfg.MODEL.BOX_LEGACY_PLUS_ONE),
         "onnx_opset": OPSET if fmt == "onnx" else None,
         "config": cfg.dump(),

@@ -7,7 +7,9 @@ sized images, the detections of all of them, with ``image_index`` [N] saying who
 * ``boxes``: float32 ``[N, 4]`` xyxy in the input image's pixels;
 * ``scores``: float32 ``[N]``; ``classes``: int64 ``[N]`` in ``[0, NUM_CLASSES)``;
 * ``mask_probs`` (Mask R-CNN only): float32 ``[N, M, M]`` mask probabilities of each detection's
-  class, in its box (M = 28 for the standard FPN head, 14 for C4).
+  class, in its box (M = 28 for the standard FPN head, 14 for C4);
+* ``keypoint_heatmaps`` (Keypoint R-CNN only): float32 ``[N, K, S, S]`` heatmap logits of each
+  detection's K keypoints, in its box (S = 56 for the standard head).
 
 A ProposalNetwork (RPN-only) gives its proposals instead: ``boxes`` float32 ``[N, 4]`` and
 ``objectness_logits`` float32 ``[N]``, by decreasing objectness.
@@ -24,6 +26,10 @@ the caller resizes (``resize_for_model``), or exports for images already at mode
 Masks come out as the head's M×M probabilities, not pasted full-image masks: a full-image mask
 per detection is N×H×W (100 × 800 × 1333 floats is 400 MB) and pasting is a per-box loop that
 exports poorly; ``paste_masks`` (the model's own paste) turns them into image masks on the host.
+Keypoints come out as heatmaps for the same reason: decoding resizes each box's maps to the box's
+own size in pixels before taking the best pixel (how every reference decodes, so published weights
+predict what they predict there), a per-box output size no static graph can hold;
+``decode_keypoints`` (the model's own decoding) turns them into ``[N, K, 3]`` keypoints.
 """
 from typing import Optional, Tuple
 
@@ -32,10 +38,10 @@ from torch import Tensor, nn
 
 from detcore.data.transforms import ResizeShortestEdge
 from detcore.modeling import ProposalNetwork
-from detcore.structures import Boxes, to_legacy_plus_one
+from detcore.structures import Boxes, heatmaps_to_keypoints, to_legacy_plus_one
 from detcore.structures.mask_paste import paste_masks_in_image
 
-__all__ = ["ExportableDetector", "paste_masks", "resize_for_model"]
+__all__ = ["ExportableDetector", "decode_keypoints", "paste_masks", "resize_for_model"]
 
 INPUT_LAYOUTS = ("CHW", "HWC")
 
@@ -58,6 +64,8 @@ class ExportableDetector(nn.Module):
         self.batch_size = batch_size
         self.proposals_only = isinstance(model, ProposalNetwork)
         self.mask_on = bool(getattr(model, "mask_on", False))
+        roi_heads = getattr(model, "roi_heads", None)  # a ProposalNetwork or RetinaNet has none
+        self.keypoint_on = bool(getattr(roi_heads, "keypoint_on", False))
         self.min_side = max(shape.stride for shape in model.backbone.output_shape().values()) + 1
 
     def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
@@ -93,6 +101,8 @@ class ExportableDetector(nn.Module):
         outputs = (boxes[keep], result.scores[keep], result.pred_classes[keep])
         if self.mask_on:
             outputs += (result.pred_masks[keep][:, 0],)
+        if self.keypoint_on:
+            outputs += (result.pred_keypoint_heatmaps[keep],)
         return outputs
 
     @property
@@ -101,6 +111,7 @@ class ExportableDetector(nn.Module):
             names = ("boxes", "objectness_logits")
         else:
             names = ("boxes", "scores", "classes") + (("mask_probs",) if self.mask_on else ())
+            names += ("keypoint_heatmaps",) if self.keypoint_on else ()
         return names + (("image_index",) if self.batch_size is not None else ())
 
 
@@ -130,3 +141,10 @@ def paste_masks(
     if legacy_plus_one:
         boxes = to_legacy_plus_one(boxes)
     return paste_masks_in_image(mask_probs, boxes, (height, width), threshold=threshold, mode=mode)
+
+
+def decode_keypoints(keypoint_heatmaps: Tensor, boxes: Tensor) -> Tensor:
+    """``[N, K, S, S]`` heatmap logits and their ``[N, 4]`` boxes (both as the graph gives them)
+    → ``[N, K, 3]`` keypoints (x, y, score: the heatmap logit there) in the boxes' pixels, as the
+    eager model decodes them. Scale x and y like the boxes to map them to another image size."""
+    return heatmaps_to_keypoints(torch.as_tensor(keypoint_heatmaps), torch.as_tensor(boxes))

@@ -145,6 +145,12 @@ class GeneralizedRCNNWithTTA(nn.Module):
                 f"GeneralizedRCNNWithTTA (TEST.AUG.ENABLED): the model must be a two-stage detector like GeneralizedRCNN; "
                 f"{type(model).__name__} has no {missing}"
             )
+        if getattr(model.roi_heads, "keypoint_on", False):
+            # Averaging keypoints over flips needs the dataset's left/right pairs; not done yet.
+            raise ValueError(
+                "GeneralizedRCNNWithTTA: test-time augmentation of keypoints is not supported; set "
+                "TEST.AUG.ENABLED False or MODEL.KEYPOINT_ON False"
+            )
         min_sizes = (min_sizes,) if isinstance(min_sizes, (int, np.integer)) else tuple(int(s) for s in min_sizes)
         if not min_sizes or any(s < 0 for s in min_sizes):
             raise ValueError(f"GeneralizedRCNNWithTTA: min_sizes must be one or more sizes >= 0, got {min_sizes!r}")

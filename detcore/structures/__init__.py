@@ -1,4 +1,4 @@
-"""Data types passed around the model: boxes, padded image batches, masks, per-image instances."""
+"""Data types passed around the model: boxes, padded image batches, masks, keypoints, per-image instances."""
 from .boxes import (
     Boxes,
     clip_limits,
@@ -12,6 +12,7 @@ from .boxes import (
 )
 from .image_list import ImageList
 from .instances import Instances
+from .keypoints import Keypoints, flip_indices, heatmaps_to_keypoints, keypoints_to_heatmap, swap_flip_pairs
 from .mask_paste import paste_masks_in_image
 from .masks import BitMasks, PolygonMasks, polygons_to_bitmask
 
@@ -27,6 +28,11 @@ __all__ = [
     "xyxy_to_xywh",
     "ImageList",
     "Instances",
+    "Keypoints",
+    "flip_indices",
+    "heatmaps_to_keypoints",
+    "keypoints_to_heatmap",
+    "swap_flip_pairs",
     "BitMasks",
     "PolygonMasks",
     "polygons_to_bitmask",

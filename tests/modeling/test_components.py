@@ -28,7 +28,13 @@ from detcore.modeling.anchor_generator import DefaultAnchorGenerator
 from detcore.modeling.backbone import FPN, LastLevelMaxPool, LastLevelP6P7, ResNet, RetinaNetFPN
 from detcore.modeling.backbone.resnet import make_stage
 from detcore.modeling.proposal_generator import RPN, StandardRPNHead
-from detcore.modeling.roi_heads import FastRCNNConvFCHead, FastRCNNOutputLayers, MaskRCNNConvUpsampleHead, Res5ROIHeads
+from detcore.modeling.roi_heads import (
+    FastRCNNConvFCHead,
+    FastRCNNOutputLayers,
+    KRCNNConvDeconvUpsampleHead,
+    MaskRCNNConvUpsampleHead,
+    Res5ROIHeads,
+)
 from detcore.utils.registry import Registry, build_from_config
 
 from .small_config import small_cfg
@@ -82,6 +88,14 @@ def plain_box_predictor():
 
 def plain_mask_head():
     return MaskRCNNConvUpsampleHead(ShapeSpec(channels=CHANNELS, height=14, width=14), num_classes=3, conv_dims=[32, 32])
+
+
+def plain_keypoint_head():
+    # small_cfg's keypoint head: the defaults' 17 keypoints, SMALL_MODEL's convs.
+    return KRCNNConvDeconvUpsampleHead(
+        ShapeSpec(channels=CHANNELS, height=14, width=14), num_keypoints=17, conv_dims=[32, 32],
+        loss_weight=1.0, loss_normalizer="visible",
+    )
 
 
 def plain_roi_heads():
@@ -194,6 +208,9 @@ BUILT_IN = {
     "ROI_BOX_PREDICTOR": {"FastRCNNOutputLayers": (plain_box_predictor, (ShapeSpec(channels=32),))},
     "ROI_MASK_HEAD": {
         "MaskRCNNConvUpsampleHead": (plain_mask_head, (ShapeSpec(channels=CHANNELS, height=14, width=14),))
+    },
+    "ROI_KEYPOINT_HEAD": {
+        "KRCNNConvDeconvUpsampleHead": (plain_keypoint_head, (ShapeSpec(channels=CHANNELS, height=14, width=14),))
     },
 }
 

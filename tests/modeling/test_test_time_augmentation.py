@@ -105,6 +105,13 @@ def test_a_detector_without_masks_gets_boxes_only():
     assert model.roi_heads.mask_on is False
 
 
+def test_a_keypoint_detector_is_refused_naming_the_options():
+    model = BrightBoxDetector()
+    model.roi_heads.keypoint_on = True
+    with pytest.raises(ValueError, match="TEST.AUG.ENABLED False or MODEL.KEYPOINT_ON False"):
+        GeneralizedRCNNWithTTA(model, min_sizes=(20,), max_size=1000)
+
+
 def test_a_resized_input_still_comes_back_in_height_x_width():
     """The loader may have resized the image already (x2 here): detections go to height x width."""
     image = l_shape_image()

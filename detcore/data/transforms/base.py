@@ -35,6 +35,7 @@ __all__ = [
     "ResizeShortestEdge",
     "RandomFlip",
     "apply_augmentations",
+    "mirrors",
 ]
 
 
@@ -373,3 +374,15 @@ def apply_augmentations(augmentations: Sequence[Augmentation], image: np.ndarray
         image = t.apply_image(image)
         transforms.append(t)
     return image, TransformList(transforms)
+
+
+def mirrors(transform: Transform) -> bool:
+    """Whether ``transform`` turns the image into its mirror image (an odd number of flips, in any
+    direction): what was an object's left side is then drawn as a right side, so named
+    left/right points must swap names (detection_utils.transform_keypoint_annotations).
+
+    Read from the transform's own point map (the orientation of a small triangle through
+    ``apply_coords``), so every geometric transform, present or future, answers for itself."""
+    probe = transform.apply_coords(np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]))
+    (x0, y0), (x1, y1), (x2, y2) = probe
+    return bool((x1 - x0) * (y2 - y0) - (y1 - y0) * (x2 - x0) < 0)

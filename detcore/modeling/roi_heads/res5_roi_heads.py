@@ -85,6 +85,12 @@ class Res5ROIHeads(ROIHeads):
                 f"model), got {in_features}; the backbone has {sorted(input_shape)}"
             )
         feature = input_shape[in_features[0]]
+        if cfg.MODEL.KEYPOINT_ON:
+            # As in detectron2: the keypoint head pools its own 14 x 14 maps from FPN levels.
+            raise ValueError(
+                "Res5ROIHeads: MODEL.KEYPOINT_ON has no C4 keypoint branch; use StandardROIHeads on an "
+                "FPN backbone (MODEL.ROI_HEADS.NAME: StandardROIHeads)"
+            )
         box, mask, r = cfg.MODEL.ROI_BOX_HEAD, cfg.MODEL.ROI_MASK_HEAD, cfg.MODEL.RESNETS
         if r.RES5_DILATION != 1:
             raise ValueError(
