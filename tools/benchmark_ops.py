@@ -230,6 +230,9 @@ def roi_pool_cases(feature_shape, specs, device, repeats, gen, spatial_scale=0.2
                     repeats,
                 )
             )
+    return cases
+
+
 def deform_conv_cases(input_shape, out_channels, device, repeats, gen):
     """A deformable 3x3 conv (stride 1, padding 1, one offset group), without and with a mask
     (DCN v1 and v2); each gives a forward and a forward+backward (all gradients) case."""
