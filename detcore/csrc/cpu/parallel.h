@@ -2,7 +2,10 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+
+#include <ATen/Parallel.h>
 
 namespace detcore {
 
@@ -15,6 +18,27 @@ constexpr int64_t kMinChunkWork = 1 << 19;
 inline int64_t grain_for(int64_t work_per_item) {
   const int64_t per_item = std::max<int64_t>(1, work_per_item);
   return std::max<int64_t>(1, (kMinChunkWork + per_item - 1) / per_item);
+}
+
+// at::parallel_for splits a range into one fixed share per thread, so on a busy machine the
+// region lasts as long as its most delayed thread. Here threads take chunks of `chunk` items
+// as they come free instead. Small work (under grain_for's threshold) runs on this thread.
+template <typename Body>
+void parallel_chunks(int64_t n, int64_t chunk, int64_t work_per_item, const Body& body) {
+  if (n <= 0) {
+    return;
+  }
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (n + chunk - 1) / chunk);
+  if (threads <= 1 || n <= grain_for(work_per_item)) {
+    body(0, n);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t lo = next.fetch_add(chunk); lo < n; lo = next.fetch_add(chunk)) {
+      body(lo, std::min(n, lo + chunk));
+    }
+  });
 }
 
 }  // namespace detcore

@@ -18,7 +18,6 @@
 // of equal maxima wins (and gets the gradient), NaN is never picked.
 // float16 / bfloat16 are computed in float32 (exact for a max) and cast back.
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <tuple>
 #include <vector>
@@ -29,31 +28,11 @@
 
 #include "../checks.h"
 #include "../roi_pool_common.h"
+#include "channel_blocks.h"
 #include "parallel.h"
 
 namespace detcore {
 namespace {
-
-// at::parallel_for splits a range into one fixed share per thread, so on a busy machine the
-// region lasts as long as its most delayed thread. Here threads take chunks of `chunk` items
-// as they come free instead. Small work (under grain_for's threshold) runs on this thread.
-template <typename Body>
-void parallel_chunks(int64_t n, int64_t chunk, int64_t work_per_item, const Body& body) {
-  if (n <= 0) {
-    return;
-  }
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (n + chunk - 1) / chunk);
-  if (threads <= 1 || n <= grain_for(work_per_item)) {
-    body(0, n);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t lo = next.fetch_add(chunk); lo < n; lo = next.fetch_add(chunk)) {
-      body(lo, std::min(n, lo + chunk));
-    }
-  });
-}
 
 struct RoiPoolParams {
   double spatial_scale;
@@ -153,9 +132,6 @@ void roi_pool_forward_planar(
   });
 }
 
-// The blocked forward pools kBlock channels at a time (see roi_pool_forward_blocked).
-constexpr int64_t kBlock = 16;
-
 // Max and argmax of one non-empty bin over channels [0, n) of a block, scalar.
 template <typename T>
 void pool_bin_block_scalar(
@@ -245,34 +221,6 @@ void pool_bin_block(
   pool_bin_block_scalar(image, width, channels, n, rows, cols, best, best_at);
 }
 #endif
-
-// Copies channels [c0, c0 + n) of the input into `block`, an [N, H * W, kBlock] buffer: a
-// transposition of n planes for an NCHW input, a 16-channel slice of each pixel for a
-// channels-last one; in tiles of pixels small enough to stay in the L1 cache.
-template <typename T>
-void gather_block(const at::Tensor& input, bool channels_last, int64_t c0, int64_t n, T* block) {
-  constexpr int64_t kTile = 256;
-  const int64_t channels = input.size(1);
-  const int64_t plane = input.size(2) * input.size(3);
-  const T* in = input.data_ptr<T>();
-  for (int64_t image = 0; image < input.size(0); ++image) {
-    for (int64_t p0 = 0; p0 < plane; p0 += kTile) {
-      const int64_t p1 = std::min(plane, p0 + kTile);
-      T* dst = block + (image * plane + p0) * kBlock;
-      if (channels_last) {
-        const T* src = in + (image * plane + p0) * channels + c0;
-        for (int64_t px = 0; px < p1 - p0; ++px) {
-          std::memcpy(dst + px * kBlock, src + px * channels, n * sizeof(T));
-        }
-      } else {
-        for (int64_t k = 0; k < n; ++k) {
-          const T* src = in + (image * channels + c0 + k) * plane + p0;
-          for (int64_t px = 0; px < p1 - p0; ++px) dst[px * kBlock + k] = src[px];
-        }
-      }
-    }
-  }
-}
 
 // Threads take blocks of kBlock channels; each copies its block of the map into its own
 // [N, H * W, kBlock] buffer (a few MB: it stays in the cache while every roi reads it) and pools
