@@ -13,6 +13,9 @@ fi
 # tensorboard and onnx, onnxruntime, onnxscript (export) are optional for users; installed here so
 # the tests run them too.
 "$PYTHON" -m pip install "setuptools>=64" wheel yacs numpy pycocotools opencv-python-headless ninja pytest hypothesis imgviz tensorboard onnx onnxruntime onnxscript
+# cityscapesscripts: the Cityscapes label table, polygon drawing and instance AP (the loader and
+# evaluator call its functions; nothing is downloaded).
+"$PYTHON" -m pip install cityscapesscripts
 # imgsim only for its weights file (a self-supervised ResNet-50: tools/transfer_demo.py and a
 # checkpoint test); --no-deps, as it asks for opencv-python, which would clash with the headless build.
 "$PYTHON" -m pip install --no-deps imgsim

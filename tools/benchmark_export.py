@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""Latency of a detector run eagerly, as torch.export's ExportedProgram, and as ONNX in
-onnxruntime, on the CPU, in one process.
+"""Latency of a detector run eagerly, as torch.export's ExportedProgram, as TorchScript, and as
+ONNX in onnxruntime, on the CPU, in one process.
 
-The three run the same graph (detcore.export.ExportableDetector: one uint8 image in, boxes,
+The four run the same graph (detcore.export.ExportableDetector: one uint8 image in, boxes,
 scores, classes and mask probabilities out) with the same random weights on the same image,
-interleaved repeat by repeat so that a change of machine load hits all three alike; the median of
+interleaved repeat by repeat so that a change of machine load hits all four alike; the median of
 the repeats after a warm-up is reported, with each one's time relative to eager. The score
 threshold is 0 and DETECTIONS_PER_IMAGE 100, so every run carries the full 100 detections
 through the mask head whatever the random weights score.
@@ -31,7 +31,7 @@ sys.path.insert(0, ROOT)
 
 import detcore.export  # noqa: E402
 from detcore.config import get_cfg  # noqa: E402
-from detcore.export import ExportableDetector, trace_detector  # noqa: E402
+from detcore.export import ExportableDetector, script_exported_program, trace_detector  # noqa: E402
 from detcore.modeling import build_model  # noqa: E402
 from detcore.utils import strict_json  # noqa: E402
 from detcore.utils.collect_env import cpu_name  # noqa: E402
@@ -87,11 +87,15 @@ def main(argv=None):
             custom_translation_table=detcore.export.onnx_translation_table(), verbose=False,
         ).save(onnx_path)
         onnx_s = time.perf_counter() - start
+        start = time.perf_counter()
+        scripted = script_exported_program(program)
+        script_s = time.perf_counter() - start
         session = onnxruntime.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
     exported = program.module()
     runners = {
         "eager": lambda: detector(image),
         "exported_program": lambda: exported(image),
+        "torchscript": lambda: scripted(image),
         "onnxruntime": lambda: session.run(None, {session.get_inputs()[0].name: image.numpy()}),
     }
     counts = {name: int(len(run()[0])) for name, run in runners.items()}  # also the warm-up
@@ -104,7 +108,8 @@ def main(argv=None):
                 times[name].append((time.perf_counter() - start) * 1000)
     medians = {name: statistics.median(t) for name, t in times.items()}
     print(f"{os.path.basename(args.config_file)} at {args.size[0]}x{args.size[1]}, {torch.get_num_threads()} torch threads, "
-          f"{args.repeats} repeats; export {export_s:.0f} s, ONNX conversion {onnx_s:.0f} s")
+          f"{args.repeats} repeats; export {export_s:.0f} s, ONNX conversion {onnx_s:.0f} s, "
+          f"TorchScript conversion {script_s:.1f} s")
     print(f"{'runtime':<18}{'median ms':>12}{'/ eager':>10}{'detections':>12}")
     for name, ms in medians.items():
         print(f"{name:<18}{ms:>12.1f}{ms / medians['eager']:>10.2f}{counts[name]:>12}")
@@ -117,6 +122,7 @@ def main(argv=None):
         "detections": counts,
         "export_seconds": export_s,
         "onnx_conversion_seconds": onnx_s,
+        "torchscript_conversion_seconds": script_s,
         "torch_threads": torch.get_num_threads(),
         "cpu": cpu_name(),
         "load_average": list(os.getloadavg()),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Export a detector to torch.export's ExportedProgram (.pt2) or ONNX (.onnx), with export.json.
+"""Export a detector to TorchScript (.ts), torch.export's ExportedProgram (.pt2) or ONNX (.onnx), with export.json.
 
     python tools/export_model.py --config-file configs/e2e_mask_rcnn_R_18_FPN_shapes.yaml \
         --format onnx --output exported/ MODEL.WEIGHTS output/e2e_mask_rcnn_R_18_FPN_shapes/model_final.pth

@@ -1,4 +1,5 @@
-"""Data: dataset catalog, COCO / synthetic shapes datasets, transforms, samplers and loaders."""
+"""Data: dataset catalog, COCO / Pascal VOC / Cityscapes / synthetic shapes datasets, transforms,
+samplers and loaders."""
 from . import transforms
 from .build import (
     DatasetFromList,
@@ -15,9 +16,14 @@ from .dataset_mapper import DatasetMapper, build_augmentation
 from .datasets import (
     SHAPES_CLASSES,
     ShapesSpec,
+    convert_to_coco_json,
     get_datasets_root,
+    load_cityscapes_instances,
     load_coco_json,
+    load_voc_instances,
+    register_cityscapes_instances,
     register_coco_instances,
+    register_pascal_voc,
     register_shapes,
     set_datasets_root,
 )
@@ -43,8 +49,13 @@ __all__ = [
     "ShapesSpec",
     "get_datasets_root",
     "set_datasets_root",
+    "convert_to_coco_json",
+    "load_cityscapes_instances",
     "load_coco_json",
+    "load_voc_instances",
+    "register_cityscapes_instances",
     "register_coco_instances",
+    "register_pascal_voc",
     "register_shapes",
     "annotations_to_instances",
     "filter_empty_instances",

@@ -22,7 +22,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from detcore.data import MetadataCatalog, build_detection_test_loader, build_detection_train_loader
-from detcore.evaluation import COCOEvaluator, DatasetEvaluator
+from detcore.evaluation import (
+    EVALUATOR_TYPES,
+    CityscapesInstanceEvaluator,
+    COCOEvaluator,
+    DatasetEvaluator,
+    DatasetEvaluators,
+    PascalVOCDetectionEvaluator,
+)
 from detcore.modeling import build_model
 from detcore.solver import build_gradient_clipper, build_lr_scheduler, build_optimizer
 from detcore.utils import comm
@@ -284,19 +291,25 @@ class DefaultTrainer(TrainerBase):
 
     @classmethod
     def build_evaluator(cls, cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
-        """COCO box (and mask, with MODEL.MASK_ON) AP for datasets whose metadata says "coco"."""
+        """The evaluator of the dataset's ``evaluator_type`` (``EVALUATOR_TYPES``): "coco", box
+        (and mask, with MODEL.MASK_ON) AP by pycocotools, for a dataset registered from code too
+        (its records are converted to a COCO json in the output folder); "pascal_voc", the VOC
+        devkit's AP; "cityscapes_instance", Cityscapes' own instance AP and COCO AP."""
         if output_folder is None:
             output_folder = os.path.join(cfg.OUTPUT_DIR, "inference", dataset_name)
         kind = MetadataCatalog.get(dataset_name).get("evaluator_type", "coco")
-        if kind != "coco":
+        if kind not in EVALUATOR_TYPES:
             raise NotImplementedError(
-                f"No evaluator for dataset '{dataset_name}' of evaluator_type {kind!r}; override "
-                f"DefaultTrainer.build_evaluator"
+                f"No evaluator for dataset '{dataset_name}' of evaluator_type {kind!r} (known: "
+                f"{list(EVALUATOR_TYPES)}); override DefaultTrainer.build_evaluator"
             )
+        if kind == "pascal_voc":
+            return PascalVOCDetectionEvaluator(dataset_name, output_folder, distributed=True)
         tasks = ("bbox", "segm") if cfg.MODEL.MASK_ON else ("bbox",)
-        return COCOEvaluator(
-            dataset_name, tasks, output_folder, distributed=True, metadata_fn=MetadataCatalog.get
-        )
+        coco = COCOEvaluator(dataset_name, tasks, output_folder, distributed=True, metadata_fn=MetadataCatalog.get)
+        if kind == "cityscapes_instance":
+            return DatasetEvaluators([CityscapesInstanceEvaluator(dataset_name, output_folder), coco])
+        return coco
 
     @classmethod
     def test(cls, cfg, model: nn.Module, evaluators: Optional[List[DatasetEvaluator]] = None) -> Dict:

@@ -24,13 +24,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import pycocotools.mask as mask_util
 import torch
-import torch.distributed as dist
 
 from detcore.data.datasets.coco_checks import filter_coco_dataset
+from detcore.data.datasets.coco_conversion import annotation_area, convert_to_coco_json
+from detcore.data.datasets.shapes import get_cache_dir
 from detcore.structures import Boxes, Instances
 from detcore.utils import strict_json
 
-from .evaluator import DatasetEvaluator
+from .evaluator import DatasetEvaluator, gather_to_main
 
 __all__ = ["COCOEvaluator", "instances_to_coco_json", "RESULTS_FILE", "METRICS_FILE"]
 
@@ -83,17 +84,8 @@ def _fill_missing_areas(data: dict) -> None:
     take the segmentation's area (the box's for box-only annotations), as COCO defines it."""
     sizes = {img["id"]: (img["height"], img["width"]) for img in data.get("images", [])}
     for ann in data.get("annotations", []):
-        if "area" in ann:
-            continue
-        segm = ann.get("segmentation")
-        if segm:
-            h, w = sizes[ann["image_id"]]
-            rles = mask_util.frPyObjects(segm, h, w) if isinstance(segm, list) else [segm]
-            if isinstance(segm, dict) and isinstance(segm.get("counts"), list):
-                rles = [mask_util.frPyObjects(segm, h, w)]
-            ann["area"] = float(sum(mask_util.area(rles)))
-        else:
-            ann["area"] = float(ann["bbox"][2] * ann["bbox"][3])
+        if "area" not in ann:
+            ann["area"] = annotation_area(ann.get("segmentation"), ann["bbox"], *sizes[ann["image_id"]])
 
 
 def _meta_get(metadata: Any, key: str, default: Any = None) -> Any:
@@ -180,17 +172,6 @@ def _encode_masks(masks, image_size: Tuple[int, int]) -> List[dict]:
     return rles
 
 
-def _gather_to_main(records: List[dict]) -> Tuple[List[dict], bool]:
-    """All ranks' records on rank 0; ``(records, is_main)``. No-op when not distributed."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return records, True
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, records)
-    if dist.get_rank() != 0:
-        return [], False
-    return [r for part in gathered for r in part], True
-
-
 class COCOEvaluator(DatasetEvaluator):
     """COCO box / mask AP of instance predictions against a COCO json ground truth.
 
@@ -203,7 +184,11 @@ class COCOEvaluator(DatasetEvaluator):
         distributed: gather predictions from all ranks to rank 0 when torch.distributed is
             initialized; only rank 0 evaluates (the others return an empty dict).
         metadata_fn: ``name -> metadata`` (object or dict) with ``json_file`` and optionally
-            ``thing_dataset_id_to_contiguous_id``; e.g. ``MetadataCatalog.get``.
+            ``thing_dataset_id_to_contiguous_id``; e.g. ``MetadataCatalog.get``. A dataset whose
+            metadata names no ``json_file`` (one registered from code) is converted to a COCO
+            json from its records (``convert_to_coco_json``), cached in ``output_dir`` (else in
+            the detcore cache folder) and reused while the records stay the same.
+        records_fn: ``name -> records`` for that conversion; default ``DatasetCatalog.get``.
         dataset_id_to_contiguous_id: ``{json category id: model class index}``. Default: the
             metadata's, else the json's category ids in sorted order -> ``0..K-1``.
         per_category_ap: also report ``"AP-<category name>"`` per task.
@@ -221,6 +206,7 @@ class COCOEvaluator(DatasetEvaluator):
         distributed: bool = True,
         *,
         metadata_fn: Optional[Callable[[str], Any]] = None,
+        records_fn: Optional[Callable[[str], List[dict]]] = None,
         dataset_id_to_contiguous_id: Optional[Dict[int, int]] = None,
         per_category_ap: bool = True,
         use_fast_impl: bool = True,
@@ -236,7 +222,7 @@ class COCOEvaluator(DatasetEvaluator):
         self._distributed = distributed
         self._per_category_ap = per_category_ap
 
-        json_file, metadata = self._resolve_json(dataset_name, metadata_fn)
+        json_file, metadata = self._resolve_json(dataset_name, metadata_fn, records_fn, output_dir)
         self._json_file = json_file
         COCO, self._cocoeval_cls, self.backend = _coco_api(use_fast_impl)
         self._coco_gt = _load_ground_truth(COCO, json_file)
@@ -249,7 +235,7 @@ class COCOEvaluator(DatasetEvaluator):
 
     # --- setup ----------------------------------------------------------------------------------
     @staticmethod
-    def _resolve_json(dataset_name, metadata_fn) -> Tuple[str, Any]:
+    def _resolve_json(dataset_name, metadata_fn, records_fn, output_dir) -> Tuple[str, Any]:
         name = os.fspath(dataset_name)
         if os.path.isfile(name):
             return name, None
@@ -260,10 +246,18 @@ class COCOEvaluator(DatasetEvaluator):
             )
         metadata = metadata_fn(name)
         json_file = _meta_get(metadata, "json_file")
-        if not json_file or not os.path.isfile(json_file):
+        if not json_file:
+            # A dataset registered from code: score it against its own records.
+            if records_fn is None:
+                from detcore.data import DatasetCatalog
+
+                records_fn = DatasetCatalog.get
+            cache_dir = output_dir or os.path.join(get_cache_dir(), "coco_json")
+            return convert_to_coco_json(name, cache_dir, records_fn(name), metadata), metadata
+        if not os.path.isfile(json_file):
             raise ValueError(
-                f"COCOEvaluator: the metadata of dataset '{name}' must name an existing COCO json "
-                f"as json_file, got {json_file!r}"
+                f"COCOEvaluator: the metadata of dataset '{name}' names json_file {json_file!r}, "
+                f"which does not exist"
             )
         return json_file, metadata
 
@@ -314,7 +308,7 @@ class COCOEvaluator(DatasetEvaluator):
     def evaluate(self) -> "OrderedDict[str, Dict[str, float]]":
         predictions = self._predictions
         if self._distributed:
-            predictions, is_main = _gather_to_main(predictions)
+            predictions, is_main = gather_to_main(predictions)
             if not is_main:
                 return OrderedDict()
         if not predictions:

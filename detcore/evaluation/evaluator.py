@@ -4,9 +4,22 @@ Keeping evaluators behind this small protocol lets one loop feed several of them
 custom metric, a prediction dumper) without knowing what each computes.
 """
 from collections import OrderedDict
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
-__all__ = ["DatasetEvaluator", "DatasetEvaluators"]
+import torch.distributed as dist
+
+__all__ = ["DatasetEvaluator", "DatasetEvaluators", "gather_to_main"]
+
+
+def gather_to_main(records: List) -> Tuple[List, bool]:
+    """All ranks' records on rank 0; ``(records, is_main)``. No-op when not distributed."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return records, True
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, records)
+    if dist.get_rank() != 0:
+        return [], False
+    return [r for part in gathered for r in part], True
 
 
 class DatasetEvaluator:

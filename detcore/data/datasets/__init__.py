@@ -1,10 +1,29 @@
-"""Dataset sources: COCO-format json files and the synthetic shapes generator."""
-from .builtin import COCO_CATEGORIES, get_datasets_root, register_all_builtin, register_shapes, set_datasets_root
+"""Dataset sources: COCO-format json files, Pascal VOC, Cityscapes, records registered from code
+(converted to COCO json for evaluation) and the synthetic shapes generator."""
+from .builtin import (
+    COCO_CATEGORIES,
+    get_datasets_root,
+    register_all_builtin,
+    register_cityscapes_instances,
+    register_shapes,
+    set_datasets_root,
+)
+from .cityscapes import CITYSCAPES_INSTANCE_CLASSES, load_cityscapes_instances
 from .coco import load_coco_json, register_coco_instances
+from .coco_conversion import convert_to_coco_dict, convert_to_coco_json
+from .pascal_voc import VOC_CLASSES, load_voc_instances, register_pascal_voc
 from .shapes import SHAPES_CLASSES, ShapesSpec, ensure_shapes_dataset, generate_shapes_split, get_cache_dir
 
 __all__ = [
     "COCO_CATEGORIES",
+    "CITYSCAPES_INSTANCE_CLASSES",
+    "VOC_CLASSES",
+    "load_cityscapes_instances",
+    "load_voc_instances",
+    "register_cityscapes_instances",
+    "register_pascal_voc",
+    "convert_to_coco_dict",
+    "convert_to_coco_json",
     "SHAPES_CLASSES",
     "ShapesSpec",
     "ensure_shapes_dataset",

@@ -1,12 +1,17 @@
 """The datasets every detcore process knows by name: ``coco_2017_{train,val}``,
-``coco_2014_{train,val}``, ``shapes_train`` and ``shapes_val``.
+``coco_2014_{train,val}``, ``voc_2007_{trainval,train,val,test}``, ``voc_2012_{trainval,train,val}``,
+``cityscapes_fine_instance_seg_{train,val}``, ``shapes_train`` and ``shapes_val``.
 
-COCO is looked for under the data root, resolved when the dataset is used (not at import):
-``cfg.DATASETS.ROOT`` when set (the loader builders pass it to ``set_datasets_root``), else
-``$DETCORE_DATASETS``, else ``./datasets``; with the usual layout::
+COCO, VOC and Cityscapes are looked for under the data root, resolved when the dataset is used (not at
+import): ``cfg.DATASETS.ROOT`` when set (the loader builders pass it to ``set_datasets_root``),
+else ``$DETCORE_DATASETS``, else ``./datasets``; with the usual layouts::
 
     <root>/coco/annotations/instances_train2017.json
     <root>/coco/train2017/*.jpg
+    <root>/VOC2007/{Annotations,ImageSets,JPEGImages}/   (VOCdevkit/VOC2007 of the devkit tar)
+    <root>/VOC2012/{Annotations,ImageSets,JPEGImages}/
+    <root>/cityscapes/leftImg8bit/train/<city>/*_leftImg8bit.png
+    <root>/cityscapes/gtFine/train/<city>/*_gtFine_polygons.json (or *_gtFine_instanceIds.png)
 
 The shapes splits are generated into the cache on first use (see ``shapes.py``).
 """
@@ -14,10 +19,12 @@ import os
 from typing import Optional
 
 from ..catalog import DatasetCatalog, MetadataCatalog
+from .cityscapes import CITYSCAPES_INSTANCE_CLASSES, load_cityscapes_instances
 from .coco import load_coco_json
+from .pascal_voc import register_pascal_voc
 from .shapes import SHAPES_CLASSES, ShapesSpec, ensure_shapes_dataset
 
-__all__ = ["get_datasets_root", "set_datasets_root", "register_shapes", "COCO_CATEGORIES"]
+__all__ = ["get_datasets_root", "set_datasets_root", "register_cityscapes_instances", "register_shapes", "COCO_CATEGORIES"]
 
 _ENV_VAR = "DETCORE_DATASETS"
 _root_override: Optional[str] = None
@@ -48,6 +55,19 @@ _COCO_SPLITS = {
     "coco_2014_train": ("train2014", "annotations/instances_train2014.json"),
     "coco_2014_val": ("val2014", "annotations/instances_val2014.json"),
 }
+
+# name -> (folder under the root, split, year).
+_VOC_SPLITS = {
+    "voc_2007_trainval": ("VOC2007", "trainval", 2007),
+    "voc_2007_train": ("VOC2007", "train", 2007),
+    "voc_2007_val": ("VOC2007", "val", 2007),
+    "voc_2007_test": ("VOC2007", "test", 2007),
+    "voc_2012_trainval": ("VOC2012", "trainval", 2012),
+    "voc_2012_train": ("VOC2012", "train", 2012),
+    "voc_2012_val": ("VOC2012", "val", 2012),
+}
+
+_CITYSCAPES_SPLITS = {"cityscapes_fine_instance_seg_train": "train", "cityscapes_fine_instance_seg_val": "val"}
 
 _SHAPES_SPLITS = {
     "shapes_train": ShapesSpec(split="train", num_images=800),
@@ -94,6 +114,54 @@ def _register_coco(name: str) -> None:
     meta.set_lazy("image_root", lambda: _coco_paths(name)[1])
 
 
+def _voc_dir(name: str) -> str:
+    folder, split, _ = _VOC_SPLITS[name]
+    root = get_datasets_root()
+    path = os.path.join(root, folder)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"Dataset '{name}': folder not found at {os.path.abspath(path)}. The data root is "
+            f"cfg.DATASETS.ROOT if set, else ${_ENV_VAR}, else ./datasets (now: '{root}'); it must hold "
+            f"{folder}/Annotations, {folder}/ImageSets/Main/{split}.txt and {folder}/JPEGImages"
+        )
+    return path
+
+
+def _cityscapes_dirs(name: str, check: bool = False):
+    split = _CITYSCAPES_SPLITS[name]
+    root = get_datasets_root()
+    image_dir = os.path.join(root, "cityscapes", "leftImg8bit", split)
+    gt_dir = os.path.join(root, "cityscapes", "gtFine", split)
+    if check:
+        for path in (image_dir, gt_dir):
+            if not os.path.isdir(path):
+                raise FileNotFoundError(
+                    f"Dataset '{name}': folder not found at {os.path.abspath(path)}. The data root is "
+                    f"cfg.DATASETS.ROOT if set, else ${_ENV_VAR}, else ./datasets (now: '{root}'); it must hold "
+                    f"cityscapes/leftImg8bit/{split}/ and cityscapes/gtFine/{split}/"
+                )
+    return image_dir, gt_dir
+
+
+def register_cityscapes_instances(name: str, image_dir: str, gt_dir: str) -> None:
+    """Register a Cityscapes-layout instance segmentation split (``cityscapes.py``): evaluated
+    with Cityscapes' instance AP and COCO AP (``evaluator_type="cityscapes_instance"``)."""
+    image_dir, gt_dir = os.fspath(image_dir), os.fspath(gt_dir)
+    DatasetCatalog.register(name, lambda: load_cityscapes_instances(image_dir, gt_dir))
+    MetadataCatalog.get(name).set(
+        thing_classes=list(CITYSCAPES_INSTANCE_CLASSES), image_dir=image_dir, gt_dir=gt_dir,
+        evaluator_type="cityscapes_instance",
+    )
+
+
+def _register_builtin_cityscapes(name: str) -> None:
+    DatasetCatalog.register(name, lambda: load_cityscapes_instances(*_cityscapes_dirs(name, check=True)))
+    meta = MetadataCatalog.get(name)
+    meta.set(thing_classes=list(CITYSCAPES_INSTANCE_CLASSES), evaluator_type="cityscapes_instance")
+    meta.set_lazy("image_dir", lambda: _cityscapes_dirs(name)[0])
+    meta.set_lazy("gt_dir", lambda: _cityscapes_dirs(name)[1])
+
+
 def register_shapes(name: str, spec: ShapesSpec, cache_dir: Optional[str] = None) -> None:
     """Register a shapes split under ``name``; it is generated into ``cache_dir`` (default:
     ``$DETCORE_CACHE`` or ``~/.cache/detcore``, read when first used) the first time its
@@ -119,6 +187,12 @@ def register_all_builtin() -> None:
     for name in _COCO_SPLITS:
         if name not in DatasetCatalog:
             _register_coco(name)
+    for name, (_, split, year) in _VOC_SPLITS.items():
+        if name not in DatasetCatalog:
+            register_pascal_voc(name, "", split, year, dirname_fn=lambda name=name: _voc_dir(name))
+    for name in _CITYSCAPES_SPLITS:
+        if name not in DatasetCatalog:
+            _register_builtin_cityscapes(name)
     for name, spec in _SHAPES_SPLITS.items():
         if name not in DatasetCatalog:
             register_shapes(name, spec)

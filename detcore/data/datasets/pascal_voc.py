@@ -1,0 +1,135 @@
+"""Pascal VOC detection (VOC2007 / VOC2012 layout) -> records, and registering such datasets.
+
+The layout, as the VOC devkit ships it::
+
+    <dirname>/Annotations/<id>.xml          one file per image: size and objects
+    <dirname>/ImageSets/Main/<split>.txt    the image ids of a split, one a line
+    <dirname>/JPEGImages/<id>.jpg
+
+A record is one image (``image_id`` is its position in the split's list; ``voc_id`` the id in
+the file names)::
+
+    {"file_name": ".../JPEGImages/<id>.jpg", "height", "width", "image_id": int, "voc_id": str,
+     "annotations": [{"bbox": [x1, y1, x2, y2], "category_id": int, "iscrowd": 0,
+                      "difficult": 0 or 1}]}
+
+VOC boxes are 1-based inclusive pixel indices; detcore's boxes are continuous xyxy (no +1), so
+``xmin - 1, ymin - 1, xmax, ymax``: a box covering pixels 1..10 is 10 wide either way. Difficult
+objects are kept and flagged: training uses them (as detectron2 does; they do not hurt), the
+VOC evaluator ignores them as the devkit does. Every structural problem (unparsable XML, a
+missing field, an unknown class name, a non-numeric coordinate) is an error naming the file.
+"""
+import logging
+import os
+import xml.etree.ElementTree as ET
+from typing import Callable, List, Optional, Sequence
+
+from ..catalog import DatasetCatalog, MetadataCatalog
+
+__all__ = ["VOC_CLASSES", "load_voc_instances", "register_pascal_voc"]
+
+logger = logging.getLogger(__name__)
+
+VOC_CLASSES = (
+    "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
+    "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train",
+    "tvmonitor",
+)
+
+
+def _text(node: ET.Element, path: str, xml_file: str, what: str) -> str:
+    child = node.find(path)
+    if child is None or child.text is None or not child.text.strip():
+        raise ValueError(f"{xml_file}: {what} has no <{path}>")
+    return child.text.strip()
+
+
+def _number(node: ET.Element, path: str, xml_file: str, what: str) -> float:
+    text = _text(node, path, xml_file, what)
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{xml_file}: {what} <{path}> must be a number, got {text!r}") from None
+
+
+def _parse_annotation_file(xml_file: str, class_index: dict) -> dict:
+    try:
+        root = ET.parse(xml_file).getroot()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"VOC annotation file not found: {xml_file}") from None
+    except ET.ParseError as e:
+        raise ValueError(f"{xml_file} is not valid XML: {e}") from None
+    width = int(_number(root, "size/width", xml_file, "the image"))
+    height = int(_number(root, "size/height", xml_file, "the image"))
+    if width <= 0 or height <= 0:
+        raise ValueError(f"{xml_file}: the image size must be positive, got width {width}, height {height}")
+    annotations = []
+    for k, obj in enumerate(root.findall("object")):
+        what = f"object #{k}"
+        name = _text(obj, "name", xml_file, what)
+        if name not in class_index:
+            raise ValueError(f"{xml_file}: {what} has class '{name}', which is not one of {list(class_index)}")
+        difficult = obj.find("difficult")  # absent on some VOC2012 objects: not difficult
+        difficult = int(_number(obj, "difficult", xml_file, what)) if difficult is not None and difficult.text else 0
+        box = obj.find("bndbox")
+        if box is None:
+            raise ValueError(f"{xml_file}: {what} ('{name}') has no <bndbox>")
+        x1, y1, x2, y2 = (_number(box, k, xml_file, f"{what} ('{name}')") for k in ("xmin", "ymin", "xmax", "ymax"))
+        if not (x1 <= x2 and y1 <= y2):
+            raise ValueError(f"{xml_file}: {what} ('{name}') has xmin > xmax or ymin > ymax: {[x1, y1, x2, y2]}")
+        annotations.append(
+            {
+                "bbox": [x1 - 1.0, y1 - 1.0, x2, y2],
+                "category_id": class_index[name],
+                "iscrowd": 0,
+                "difficult": int(difficult != 0),
+            }
+        )
+    return {"height": height, "width": width, "annotations": annotations}
+
+
+def load_voc_instances(dirname: str, split: str, class_names: Sequence[str] = VOC_CLASSES) -> List[dict]:
+    """Records of the images listed in ``<dirname>/ImageSets/Main/<split>.txt``."""
+    dirname = os.fspath(dirname)
+    list_file = os.path.join(dirname, "ImageSets", "Main", f"{split}.txt")
+    if not os.path.isfile(list_file):
+        raise FileNotFoundError(
+            f"VOC image list not found: {list_file} (a VOC folder holds Annotations/, ImageSets/Main/ and JPEGImages/)"
+        )
+    with open(list_file) as f:
+        # Lines are "<id>" (the Main lists) or "<id> <flag>" (the per-class lists): take the id.
+        ids = [line.split()[0] for line in f if line.strip()]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{list_file}: an image id is listed twice")
+    class_index = {name: i for i, name in enumerate(class_names)}
+    records = []
+    for image_id, voc_id in enumerate(ids):
+        record = _parse_annotation_file(os.path.join(dirname, "Annotations", f"{voc_id}.xml"), class_index)
+        record.update(
+            file_name=os.path.join(dirname, "JPEGImages", f"{voc_id}.jpg"), image_id=image_id, voc_id=voc_id
+        )
+        records.append(record)
+    n = sum(len(r["annotations"]) for r in records)
+    logger.info("Loaded %d images and %d objects from %s (split '%s')", len(records), n, dirname, split)
+    return records
+
+
+def register_pascal_voc(
+    name: str,
+    dirname: str,
+    split: str,
+    year: int,
+    class_names: Sequence[str] = VOC_CLASSES,
+    dirname_fn: Optional[Callable[[], str]] = None,
+) -> None:
+    """Register a VOC-layout dataset: evaluated by ``PascalVOCDetectionEvaluator``
+    (``evaluator_type="pascal_voc"``), with the VOC2007 11-point metric as the headline for
+    ``year`` 2007 and the area metric otherwise. ``dirname_fn`` (no arguments, returns the
+    folder) replaces ``dirname`` for folders resolved when used, as the built-in names do."""
+    if not isinstance(year, int) or year < 2007:
+        raise ValueError(f"register_pascal_voc('{name}'): year must be 2007 or later, got {year!r}")
+    folder = dirname_fn if dirname_fn is not None else (lambda: os.fspath(dirname))
+    DatasetCatalog.register(name, lambda: load_voc_instances(folder(), split, class_names))
+    meta = MetadataCatalog.get(name)
+    meta.set(thing_classes=list(class_names), split=split, year=year, evaluator_type="pascal_voc")
+    meta.set_lazy("dirname", folder)
