@@ -1,3 +1,4 @@
+import logging
 import os
 
 import pytest
@@ -26,3 +27,17 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def restore_detcore_logger():
+    """Undo what a test's setup_logger did to the "detcore" logger (handlers, propagate, level):
+    a tool run in-process turns propagation off, which hides later tests' records from caplog."""
+    logger = logging.getLogger("detcore")
+    state = (list(logger.handlers), logger.propagate, logger.level)
+    yield
+    for handler in logger.handlers:
+        if handler not in state[0]:
+            handler.close()
+    logger.handlers[:] = state[0]
+    logger.propagate, logger.level = state[1], state[2]

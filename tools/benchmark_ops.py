@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark detcore's NMS, ROIAlign, ROIPool and deformable convolution side by side with torchvision's, in the same process.
+"""Benchmark detcore's NMS, ROIAlign, ROIPool, deformable convolution and sigmoid focal loss side by side with torchvision's, in the same process.
 
 Every case runs both libraries on the same seeded inputs, checks once that they agree (same NMS
 indices; ROIAlign outputs and gradients allclose; ROIPool outputs and gradients equal) and
@@ -35,7 +35,7 @@ sys.path.insert(0, os.environ.get("DETCORE_BENCHMARK_ROOT") or os.path.dirname(T
 sys.path.insert(1, TOOLS)
 
 import detcore  # noqa: E402
-from detcore.layers import batched_nms, deform_conv2d, nms, roi_align, roi_pool  # noqa: E402
+from detcore.layers import batched_nms, deform_conv2d, nms, roi_align, roi_pool, sigmoid_focal_loss  # noqa: E402
 from detcore.utils.collect_env import cpu_name  # noqa: E402
 from detcore.utils import strict_json  # noqa: E402
 from background_load import BackgroundLoad  # noqa: E402
@@ -295,6 +295,46 @@ def deform_conv_cases(input_shape, out_channels, device, repeats, gen):
     return cases
 
 
+def focal_loss_cases(anchors, classes, device, repeats, gen):
+    """RetinaNet's class loss: logits for every anchor and class, one-hot targets (about 1% of
+    anchors positive), alpha 0.25, gamma 2; reductions "sum" (RetinaNet's) and "none", forward
+    and forward + backward (the logits' gradient)."""
+    x = (torch.randn(anchors, classes, generator=gen) * 2 - 4).to(device)
+    positive = torch.rand(anchors, generator=gen) < 0.01
+    labels = torch.randint(0, classes, (anchors,), generator=gen)
+    targets = torch.zeros(anchors, classes)
+    targets[positive, labels[positive]] = 1.0
+    targets = targets.to(device)
+    cases = []
+    for reduction in ("sum", "none"):
+        grad_out = torch.ones((anchors, classes) if reduction == "none" else (), device=device)
+
+        def forward(fn, reduction=reduction):
+            with torch.no_grad():
+                return fn(x, targets, alpha=0.25, gamma=2.0, reduction=reduction)
+
+        def forward_backward(fn, reduction=reduction, grad_out=grad_out):
+            leaf = x.detach().clone().requires_grad_(True)
+            loss = fn(leaf, targets, alpha=0.25, gamma=2.0, reduction=reduction)
+            (grad,) = torch.autograd.grad(loss, leaf, grad_out)
+            return loss.detach(), grad
+
+        label = f"sigmoid_focal_loss {anchors}x{classes} {reduction}"
+        tv = tv_ops.sigmoid_focal_loss if tv_ops else None
+        for suffix, run in ((" fwd", forward), (" fwd+bwd", forward_backward)):
+            cases.append(
+                Case(
+                    label + suffix,
+                    lambda f=run: f(sigmoid_focal_loss),
+                    tv and (lambda f=run: f(tv)),
+                    # A sum of 9.6M float32 terms (ours in double, torchvision's in float32).
+                    lambda a, b: _tensors_agree(a, b, atol=1e-5, rtol=1e-4),
+                    repeats,
+                )
+            )
+    return cases
+
+
 def build_cases(device, repeats, quick, worst_cases=False, seed=0):
     gen = torch.Generator().manual_seed(seed)
     if worst_cases:
@@ -306,6 +346,7 @@ def build_cases(device, repeats, quick, worst_cases=False, seed=0):
             + roi_align_cases((2, 16, 50, 84), [(200, 7, 2), (200, 7, 0)], device, repeats, gen)
             + roi_pool_cases((2, 16, 50, 84), [(200, 7)], device, repeats, gen)
             + deform_conv_cases((2, 32, 25, 42), 32, device, repeats, gen)
+            + focal_loss_cases(12000, 80, device, repeats, gen)
         )
     return (
         nms_cases([1000, 5000, 20000, 100000], [0.5, 0.7], device, repeats, gen)
@@ -316,6 +357,8 @@ def build_cases(device, repeats, quick, worst_cases=False, seed=0):
         + roi_pool_cases((2, 256, 200, 336), [(1000, 7)], device, repeats, gen)
         # ResNet-50 res4 at 800x1344 / 16: the deformable 3x3 of a bottleneck block.
         + deform_conv_cases((2, 256, 50, 84), 256, device, repeats, gen)
+        # RetinaNet at 800x1333: about 120k anchors (P3-P7, 9 per position) x 80 COCO classes.
+        + focal_loss_cases(120000, 80, device, repeats, gen)
     )
 
 

@@ -6,6 +6,9 @@
     torchrun --nproc_per_node 2 tools/test_net.py --config-file X MODEL.WEIGHTS ckpt.pth
 
 Results are also saved under OUTPUT_DIR/inference/<dataset>/ (predictions and metrics json).
+A ProposalNetwork (RPN-only) config is scored by its proposals' recall (AR@100 / AR@1000, all and
+by object size); `--proposal-recall` adds that of an R-CNN's RPN to its AP (a second pass over the
+data, in OUTPUT_DIR/inference/<dataset>_proposals/).
 """
 import argparse
 import os
@@ -15,12 +18,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from detcore.config import get_cfg  # noqa: E402
 from detcore.engine import DefaultTrainer, default_setup, format_results, launch, load_model_weights  # noqa: E402
+from detcore.modeling import ProposalNetwork  # noqa: E402
 from detcore.utils import comm  # noqa: E402
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config-file", required=True, metavar="FILE", help="path to the yaml config")
+    parser.add_argument(
+        "--proposal-recall", action="store_true",
+        help="also report the proposal recall (AR@100/AR@1000) of a two-stage model's RPN",
+    )
     parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE overrides; set MODEL.WEIGHTS")
     return parser.parse_args()
 
@@ -36,11 +44,32 @@ def main(args):
     model = DefaultTrainer.build_model(cfg)
     load_model_weights(model, cfg.MODEL.WEIGHTS)
     results = DefaultTrainer.test(cfg, model)
+    if args.proposal_recall and not isinstance(comm.unwrap_model(model), ProposalNetwork):
+        results = _merge(results, _rpn_recall(cfg, model), len(cfg.DATASETS.TEST))
     if comm.is_main_process():
         print(format_results(results if len(cfg.DATASETS.TEST) == 1 else {
             f"{name}/{task}": m for name, r in results.items() for task, m in r.items()
         }))
     return results
+
+
+def _rpn_recall(cfg, model):
+    """The recall of the model's proposals: its backbone and RPN run as a ProposalNetwork."""
+    rpn = ProposalNetwork.from_detector(comm.unwrap_model(model))
+    evaluators = [
+        DefaultTrainer.build_evaluator(
+            cfg, name, os.path.join(cfg.OUTPUT_DIR, "inference", f"{name}_proposals"), tasks=("box_proposals",)
+        )
+        for name in cfg.DATASETS.TEST
+    ]
+    return DefaultTrainer.test(cfg, rpn, evaluators)
+
+
+def _merge(results, recall, num_datasets):
+    """Add the recall task to each dataset's results (``test`` nests by dataset only for several)."""
+    if num_datasets == 1:
+        return {**results, **recall}
+    return {name: {**results[name], **recall[name]} for name in results}
 
 
 if __name__ == "__main__":

@@ -47,17 +47,36 @@ def _num_classes(cls_score_bias: Optional[torch.Tensor]) -> Optional[int]:
     return None if cls_score_bias is None else int(cls_score_bias.shape[0]) - 1
 
 
-def _place(converted: ConvertedCheckpoint, prefix: str) -> ConvertedCheckpoint:
-    """Prefix the names of backbone-only weights with the model's body path."""
+def _stage_homes(model_keys, body_prefix: str) -> Dict[str, str]:
+    """For each ResNet stage the body lacks but the model has elsewhere (a C4 model's res5, in
+    its ROI heads), the prefix it lives under there."""
+    homes = {}
+    for stage in ("res2", "res3", "res4", "res5"):
+        anchor = f"{stage}.0."
+        if any(k.startswith(body_prefix + anchor) for k in model_keys):
+            continue
+        found = {k[: k.index(anchor)] for k in model_keys if k.startswith(anchor) or f".{anchor}" in k}
+        if len(found) == 1:
+            homes[stage] = found.pop()
+    return homes
+
+
+def _place(converted: ConvertedCheckpoint, prefix: str, stage_homes: Optional[Dict[str, str]] = None) -> ConvertedCheckpoint:
+    """Prefix the names of backbone-only weights with the model's body path (or, for a stage in
+    `stage_homes`, with the path where the model keeps that stage)."""
+    stage_homes = stage_homes or {}
     placed = ConvertedCheckpoint(
         format=converted.format,
         dropped=list(converted.dropped),
         unknown=dict(converted.unknown),
         notes=list(converted.notes),
     )
+    def where(name):
+        return stage_homes.get(name.split(".", 1)[0], prefix) + name
+
     for name, tensor in converted.tensors.items():
-        placed.add(prefix + name, tensor, converted.sources[name])
-    placed.synthesized = {prefix + n for n in converted.synthesized}
+        placed.add(where(name), tensor, converted.sources[name])
+    placed.synthesized = {where(n) for n in converted.synthesized}
     return placed
 
 
@@ -139,8 +158,11 @@ def convert_state_dict(
         if prefix is None:
             report.notes.append("backbone-only weights, but the model has no ResNet body (no '*stem.conv1.weight')")
             prefix = "<no body>."
-        converted = _place(converted, prefix)
+        homes = _stage_homes(model_state, prefix)
+        converted = _place(converted, prefix, homes)
         report.notes.append(f"backbone-only weights: placed under '{prefix}'; the rest keeps its initialization")
+        for stage, home in homes.items():
+            report.notes.append(f"the body has no {stage}: the model's '{home}{stage}' takes it")
 
     tensors = converted.tensors
     # Predictor layers of another class count are left to the model's initialization, all together.

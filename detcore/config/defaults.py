@@ -18,7 +18,8 @@ _C = CN()
 _C.VERSION = 1
 
 _C.MODEL = CN()
-# Name of the meta-architecture in the META_ARCH registry.
+# Name of the meta-architecture in the META_ARCH registry: "GeneralizedRCNN" (Faster / Mask
+# R-CNN) or "ProposalNetwork" (backbone + RPN only: proposals, scored by their recall).
 _C.MODEL.META_ARCHITECTURE = "GeneralizedRCNN"
 # torch device the model and batches live on: "cpu", "cuda", "cuda:1", ...
 _C.MODEL.DEVICE = "cpu"
@@ -40,8 +41,9 @@ _C.MODEL.CHANNELS_LAST = True
 # Backbone: a ResNet body and an FPN on top
 # ---------------------------------------------------------------------------------------------
 _C.MODEL.BACKBONE = CN()
-# Backbone name in the BACKBONE registry: "FPN" (ResNet + FPN), "ResNet" (the body alone),
-# "RetinaNetFPN" (ResNet + FPN with P6/P7 from C5); detectron2's builder names select the same.
+# Backbone name in the BACKBONE registry: "FPN" (ResNet + FPN), "ResNet" (the body alone; with
+# RESNETS.OUT_FEATURES ["res4"] the backbone of a C4 model), "RetinaNetFPN" (ResNet + FPN with
+# P6/P7 from C5); detectron2's builder names select the same.
 _C.MODEL.BACKBONE.NAME = "FPN"
 # Stages frozen (no gradient): 0 none, 1 the stem, 2 stem + res2, 3 up to res3, 4 up to res4,
 # 5 everything.
@@ -157,7 +159,9 @@ _C.MODEL.RPN.MIN_SIZE = 0.0
 # ROI heads: box classification / regression and masks on the proposals
 # ---------------------------------------------------------------------------------------------
 _C.MODEL.ROI_HEADS = CN()
-# ROI heads name in the ROI_HEADS registry.
+# ROI heads name in the ROI_HEADS registry: "StandardROIHeads" (box head and mask head on FPN
+# levels) or "Res5ROIHeads" (C4: ResNet's res5 per ROI on one feature map, shared by boxes and
+# masks; it uses ROI_BOX_HEAD's pooler settings for both, and no ROI_BOX_HEAD.NAME head).
 _C.MODEL.ROI_HEADS.NAME = "StandardROIHeads"
 # Foreground classes; background is implicit (class index NUM_CLASSES).
 _C.MODEL.ROI_HEADS.NUM_CLASSES = 80
@@ -218,7 +222,8 @@ _C.MODEL.ROI_BOX_HEAD.SMOOTH_L1_BETA = 0.0
 _C.MODEL.ROI_MASK_HEAD = CN()
 # Mask head name in the ROI_MASK_HEAD registry.
 _C.MODEL.ROI_MASK_HEAD.NAME = "MaskRCNNConvUpsampleHead"
-# 3x3 convs before the 2x deconv, and their channels (4 x 256 -> 28x28 masks).
+# 3x3 convs before the 2x deconv, and their channels (4 x 256 -> 28x28 masks; C4 models: 0,
+# a deconv on res5's output).
 _C.MODEL.ROI_MASK_HEAD.NUM_CONV = 4
 _C.MODEL.ROI_MASK_HEAD.CONV_DIM = 256
 # Normalization of the convs: "" or null (none), "GN", "BN", "SyncBN", "FrozenBN".
@@ -260,8 +265,44 @@ _C.INPUT.MASK_FORMAT = "polygon"
 # Training flip augmentation: "none", "horizontal" or "vertical" (probability 0.5).
 _C.INPUT.RANDOM_FLIP = "horizontal"
 # Batched images are zero-padded to a multiple of this (32 = the coarsest FPN stride
-# before p6); 0 pads only to the largest image.
+# before p6; C4 models need none); 0 pads only to the largest image.
 _C.INPUT.SIZE_DIVISIBILITY = 32
+
+# Training augmentation beyond resize and flip; everything below is off by default, and a config
+# that leaves it off gets exactly the pipeline it had before (same images for the same seed).
+# Order of the training pipeline: crop, resize (or large-scale jitter), flip, colour.
+_C.INPUT.COLOR_JITTER = CN()
+# Each draws a factor uniformly in [1 - v, 1 + v] per image, v in [0, 1], 0 = off: brightness
+# scales the pixels, contrast blends with the image's mean grey, saturation with each pixel's grey.
+_C.INPUT.COLOR_JITTER.BRIGHTNESS = 0.0
+_C.INPUT.COLOR_JITTER.CONTRAST = 0.0
+_C.INPUT.COLOR_JITTER.SATURATION = 0.0
+# Standard deviation of AlexNet's PCA lighting noise (ImageNet eigenvalues for 0..255 pixels;
+# AlexNet used 0.1), >= 0, 0 = off. detectron2's RandomLighting with the same scale is ~255x weaker.
+_C.INPUT.COLOR_JITTER.LIGHTING = 0.0
+
+_C.INPUT.CROP = CN()
+# Random crop of the image (before resizing), as detectron2's INPUT.CROP. Instances left outside
+# are dropped, boxes and polygons clipped to the crop; with MODEL.MASK_ON the boxes become the
+# boxes of the clipped masks. A crop keeping no instance trains as background, as in detectron2.
+_C.INPUT.CROP.ENABLED = False
+# "relative": SIZE is (h, w) fractions of the image; "relative_range": fractions drawn in [SIZE, 1];
+# "absolute": SIZE is (h, w) pixels (capped at the image); "absolute_range": each side drawn in
+# [SIZE[0], SIZE[1]] pixels.
+_C.INPUT.CROP.TYPE = "relative_range"
+_C.INPUT.CROP.SIZE = (0.9, 0.9)
+
+_C.INPUT.LARGE_SCALE_JITTER = CN()
+# Large-scale jitter (LSJ) instead of MIN_SIZE_TRAIN / MAX_SIZE_TRAIN: resize to fit
+# scale * OUTPUT_SIZE with scale uniform in SCALE_RANGE, then crop at a random place / pad at the
+# bottom-right (with MODEL.PIXEL_MEAN, which the model normalizes to 0 as its own padding) to
+# exactly OUTPUT_SIZE. Test images keep INPUT.MIN_SIZE_TEST / MAX_SIZE_TEST (set them to fit
+# OUTPUT_SIZE). With MODEL.MASK_ON the boxes become the boxes of the clipped masks.
+_C.INPUT.LARGE_SCALE_JITTER.ENABLED = False
+# (height, width) of every training image, pixels.
+_C.INPUT.LARGE_SCALE_JITTER.OUTPUT_SIZE = (1024, 1024)
+# (min, max) scale of OUTPUT_SIZE the image is resized to fit; the LSJ paper uses (0.1, 2.0).
+_C.INPUT.LARGE_SCALE_JITTER.SCALE_RANGE = (0.1, 2.0)
 
 # ---------------------------------------------------------------------------------------------
 # Datasets and loading
@@ -341,6 +382,25 @@ _C.TEST.EVAL_PERIOD = 0
 # Images per inference batch (per process) in evaluation; >= 1. Images of a batch are padded to
 # the largest of them; detections do not depend on it beyond float rounding.
 _C.TEST.IMS_PER_BATCH = 1
+
+_C.TEST.AUG = CN()
+# Test-time augmentation in evaluation (tools/test_net.py and the trainer): every short side of
+# MIN_SIZES (long side capped at MAX_SIZE), each also flipped horizontally with FLIP; detections
+# mapped back to the image and merged, mask probabilities averaged over all the augmentations.
+# The test loader then hands over the images unresized (INPUT.MIN_SIZE_TEST is not used), and the
+# results go to OUTPUT_DIR/inference/<dataset>_TTA.
+_C.TEST.AUG.ENABLED = False
+# Short sides to run, pixels (0: the image as it is), and the long side cap of all of them.
+_C.TEST.AUG.MIN_SIZES = (400, 500, 600, 700, 800, 900, 1000, 1100, 1200)
+_C.TEST.AUG.MAX_SIZE = 4000
+# Also run every scale flipped horizontally.
+_C.TEST.AUG.FLIP = True
+# How the detections of all augmentations are merged: "nms" (per-class NMS at
+# MODEL.ROI_HEADS.NMS_THRESH_TEST, as detectron2) or "box_voting" (the same NMS, then each kept box
+# becomes the score-weighted mean of the same-class boxes overlapping it by BOX_VOTING_IOU or more,
+# as Detectron's TEST.BBOX_VOTE).
+_C.TEST.AUG.MERGE = "nms"
+_C.TEST.AUG.BOX_VOTING_IOU = 0.8
 
 # ---------------------------------------------------------------------------------------------
 # Misc

@@ -1,5 +1,6 @@
 // Autocast kernels: under torch.autocast the ops run in float32 (ROIAlign in half precision
-// loses too much, and the CPU kernels take float32/float64 only), and return the input's dtype.
+// loses too much, and the CPU kernels take float32/float64 only), and return the input's dtype
+// (the focal loss: float32).
 #include <tuple>
 
 #include <ATen/autocast_mode.h>
@@ -76,6 +77,18 @@ at::Tensor deform_conv2d_autocast(
       .to(input.scalar_type());
 }
 
+// The loss in float32, returned in float32 (as autocast runs binary_cross_entropy_with_logits,
+// and so torchvision's focal loss): a sum over many anchors would lose too much in half.
+template <c10::DispatchKey key, c10::DeviceType device>
+at::Tensor sigmoid_focal_loss_autocast(
+    const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma,
+    c10::string_view reduction) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
+  return call_sigmoid_focal_loss(
+      at::autocast::cached_cast(at::kFloat, inputs, device),
+      at::autocast::cached_cast(at::kFloat, targets, device), alpha, gamma, reduction);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(detcore, Autocast, m) {
@@ -86,6 +99,7 @@ TORCH_LIBRARY_IMPL(detcore, Autocast, m) {
   m.impl("nms", TORCH_FN((nms_autocast<key, dev>)));
   m.impl("batched_nms", TORCH_FN((batched_nms_autocast<key, dev>)));
   m.impl("deform_conv2d", TORCH_FN((deform_conv2d_autocast<key, dev>)));
+  m.impl("sigmoid_focal_loss", TORCH_FN((sigmoid_focal_loss_autocast<key, dev>)));
 }
 
 TORCH_LIBRARY_IMPL(detcore, AutocastCPU, m) {
@@ -96,6 +110,7 @@ TORCH_LIBRARY_IMPL(detcore, AutocastCPU, m) {
   m.impl("nms", TORCH_FN((nms_autocast<key, dev>)));
   m.impl("batched_nms", TORCH_FN((batched_nms_autocast<key, dev>)));
   m.impl("deform_conv2d", TORCH_FN((deform_conv2d_autocast<key, dev>)));
+  m.impl("sigmoid_focal_loss", TORCH_FN((sigmoid_focal_loss_autocast<key, dev>)));
 }
 
 }  // namespace detcore

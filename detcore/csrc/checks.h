@@ -408,4 +408,81 @@ inline DeformConvShape check_deform_conv2d_backward_inputs(
   return s;
 }
 
+enum class FocalReduction : int { kNone = 0, kMean = 1, kSum = 2 };
+
+// Sigmoid focal loss: inputs (logits) and targets of one shape, dtype and device; alpha in
+// [0, 1] or negative (no alpha weighting: torchvision's -1); gamma >= 0. Returns the reduction.
+inline FocalReduction check_sigmoid_focal_loss_inputs(
+    const char* op, const at::Tensor& inputs, const at::Tensor& targets, double alpha,
+    double gamma, c10::string_view reduction) {
+  DETCORE_CHECK_ARG(
+      is_kernel_float(inputs.scalar_type()), op,
+      ": inputs must be float32, float64, float16 or bfloat16 logits, got ", inputs.scalar_type());
+  DETCORE_CHECK_ARG(
+      targets.scalar_type() == inputs.scalar_type(), op,
+      ": targets must have the dtype of inputs (", inputs.scalar_type(), "), got ",
+      targets.scalar_type());
+  DETCORE_CHECK_ARG(
+      targets.device() == inputs.device(), op, ": targets must be on the device of inputs (",
+      inputs.device(), "), got ", targets.device());
+  DETCORE_CHECK_ARG(
+      targets.sizes() == inputs.sizes(), op,
+      ": targets must have the shape of inputs, got inputs ", inputs.sizes(), " and targets ",
+      targets.sizes());
+  DETCORE_CHECK_ARG(
+      std::isfinite(alpha) && alpha <= 1, op,
+      ": alpha must be in [0, 1], or negative for no alpha weighting (torchvision: -1), got ",
+      alpha);
+  DETCORE_CHECK_ARG(
+      std::isfinite(gamma) && gamma >= 0, op, ": gamma must be a finite number >= 0, got ",
+      gamma);
+  if (reduction == "none") return FocalReduction::kNone;
+  if (reduction == "mean") return FocalReduction::kMean;
+  DETCORE_CHECK_ARG(
+      reduction == "sum", op, ": reduction must be 'none', 'mean' or 'sum', got '", reduction,
+      "'");
+  return FocalReduction::kSum;
+}
+
+// The backward's grad: the loss's shape for reduction 'none', a scalar ([]) otherwise.
+inline FocalReduction check_sigmoid_focal_loss_backward_inputs(
+    const at::Tensor& grad, const at::Tensor& inputs, const at::Tensor& targets, double alpha,
+    double gamma, c10::string_view reduction) {
+  const char* op = "sigmoid_focal_loss backward";
+  const FocalReduction r =
+      check_sigmoid_focal_loss_inputs(op, inputs, targets, alpha, gamma, reduction);
+  if (r == FocalReduction::kNone) {
+    DETCORE_CHECK_ARG(
+        grad.sizes() == inputs.sizes(), op,
+        ": grad must have the shape of inputs for reduction 'none', got ", grad.sizes(),
+        " and inputs ", inputs.sizes());
+  } else {
+    DETCORE_CHECK_ARG(
+        grad.dim() == 0, op, ": grad must be a scalar ([]) for reduction '", reduction,
+        "', got shape ", grad.sizes());
+  }
+  DETCORE_CHECK_ARG(
+      grad.scalar_type() == inputs.scalar_type(), op, ": grad must have the dtype of inputs (",
+      inputs.scalar_type(), "), got ", grad.scalar_type());
+  DETCORE_CHECK_ARG(
+      grad.device() == inputs.device(), op, ": grad must be on the device of inputs (",
+      inputs.device(), "), got ", grad.device());
+  return r;
+}
+
+// The kernels look at every target as they go (no extra pass) and report the first one, in
+// memory order, that is not a probability; `index` is its offset in the contiguous targets,
+// `value` the target (NaN included). Raises naming the element as targets[i, j, ...].
+inline void throw_bad_focal_target(
+    const char* op, at::IntArrayRef sizes, int64_t index, double value) {
+  std::vector<int64_t> position(sizes.size());
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+    position[d] = sizes[d] > 0 ? index % sizes[d] : 0;
+    index = sizes[d] > 0 ? index / sizes[d] : 0;
+  }
+  DETCORE_CHECK_ARG(
+      false, op, ": targets must be probabilities in [0, 1], got ", value, " at targets",
+      at::IntArrayRef(position));
+}
+
 }  // namespace detcore

@@ -112,4 +112,27 @@ call_deform_conv2d_backward(
       dilation_w, groups, offset_groups);
 }
 
+inline at::Tensor call_sigmoid_focal_loss(
+    const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma,
+    c10::string_view reduction) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("detcore::sigmoid_focal_loss", "")
+                       .typed<at::Tensor(
+                           const at::Tensor&, const at::Tensor&, double, double,
+                           c10::string_view)>();
+  return op.call(inputs, targets, alpha, gamma, reduction);
+}
+
+// -> (grad_inputs, grad_targets)
+inline std::tuple<at::Tensor, at::Tensor> call_sigmoid_focal_loss_backward(
+    const at::Tensor& grad, const at::Tensor& inputs, const at::Tensor& targets, double alpha,
+    double gamma, c10::string_view reduction, bool targets_grad) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("detcore::_sigmoid_focal_loss_backward", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                           double, c10::string_view, bool)>();
+  return op.call(grad, inputs, targets, alpha, gamma, reduction, targets_grad);
+}
+
 }  // namespace detcore

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "build_info.h"
+#include "cpu/isa_dispatch.h"
 
 namespace detcore {
 
@@ -44,9 +45,20 @@ TORCH_LIBRARY(detcore, m) {
       "Tensor? mask, Tensor? bias, int stride_h, int stride_w, int pad_h, int pad_w, "
       "int dilation_h, int dilation_w, int groups, int offset_groups) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // RetinaNet's sigmoid focal loss (torchvision's sigmoid_focal_loss): reduction 'none', 'mean'
+  // or 'sum'; alpha < 0 means no alpha weighting.
+  m.def(
+      "sigmoid_focal_loss(Tensor inputs, Tensor targets, float alpha, float gamma, str reduction) "
+      "-> Tensor");
+  // -> (grad_inputs, grad_targets); grad_targets is empty ([0]) unless targets_grad.
+  m.def(
+      "_sigmoid_focal_loss_backward(Tensor grad, Tensor inputs, Tensor targets, float alpha, "
+      "float gamma, str reduction, bool targets_grad) -> (Tensor, Tensor)");
   // What this binary was built with, for collect_env and for clear errors.
   m.def("_cuda_version() -> int", &cuda_version);
   m.def("_cuda_arch_list() -> str", &cuda_arch_list);
+  // The SIMD instruction set the vectorized CPU kernels run with here (cpu/isa_dispatch.h).
+  m.def("_cpu_capability() -> str", [] { return std::string(cpu_isa_name(cpu_isa())); });
 }
 
 }  // namespace detcore

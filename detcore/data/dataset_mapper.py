@@ -8,8 +8,11 @@ Output (the model's input format)::
      "instances": Instances((H, W), gt_boxes, gt_classes[, gt_masks])}   # training only
 
 Crowd annotations are not training targets and are dropped; so are instances whose box is empty
-after clipping to the image (degenerate boxes in the json, boxes outside the image).
+after clipping to the image (degenerate boxes in the json, boxes outside the image, instances
+left outside a random crop).
 """
+import logging
+from contextlib import contextmanager
 from typing import List, Sequence
 
 import numpy as np
@@ -18,24 +21,85 @@ import torch
 from detcore.config.choices import FLIP_DIRECTIONS, IMAGE_FORMATS, MASK_FORMATS
 
 from . import detection_utils as utils
-from .transforms import Augmentation, RandomFlip, ResizeShortestEdge, apply_augmentations
+from .transforms import (
+    Augmentation,
+    FixedSizeCrop,
+    RandomBrightness,
+    RandomContrast,
+    RandomCrop,
+    RandomFlip,
+    RandomLighting,
+    RandomSaturation,
+    ResizeScale,
+    ResizeShortestEdge,
+    apply_augmentations,
+)
 
 __all__ = ["DatasetMapper", "build_augmentation"]
 
+logger = logging.getLogger(__name__)
+
 
 def build_augmentation(cfg, is_train: bool) -> List[Augmentation]:
-    """Resize (multi-scale in training) and, in training, the flip of ``INPUT.RANDOM_FLIP``."""
-    if is_train:
-        augs: List[Augmentation] = [
+    """The augmentations of the config, in order.
+
+    Training: the optional crop (INPUT.CROP), the resize (multi-scale INPUT.MIN_SIZE_TRAIN, or
+    large-scale jitter with INPUT.LARGE_SCALE_JITTER), the flip of INPUT.RANDOM_FLIP and the
+    colour jitter of INPUT.COLOR_JITTER. With the defaults of the new keys this is exactly the
+    resize and flip of before, drawing the same random numbers.
+    Test: the resize to INPUT.MIN_SIZE_TEST; none with TEST.AUG.ENABLED, whose wrapper resizes
+    every scale itself from the original image.
+    """
+    if not is_train:
+        if cfg.TEST.AUG.ENABLED:
+            return []
+        return [ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST, "choice")]
+    augs: List[Augmentation] = []
+    if cfg.INPUT.CROP.ENABLED:
+        with _blame("INPUT.CROP (TYPE, SIZE)"):
+            augs.append(RandomCrop(cfg.INPUT.CROP.TYPE, cfg.INPUT.CROP.SIZE))
+    flip = cfg.INPUT.RANDOM_FLIP
+    if flip not in FLIP_DIRECTIONS:
+        raise ValueError(f"INPUT.RANDOM_FLIP must be one of {list(FLIP_DIRECTIONS)}, got {flip!r}")
+    flips = [RandomFlip(0.5, horizontal=flip == "horizontal", vertical=flip == "vertical")] if flip != "none" else []
+    lsj = cfg.INPUT.LARGE_SCALE_JITTER
+    if lsj.ENABLED:
+        if len(lsj.OUTPUT_SIZE) != 2 or len(lsj.SCALE_RANGE) != 2:
+            raise ValueError(
+                "INPUT.LARGE_SCALE_JITTER: OUTPUT_SIZE must be (height, width) and SCALE_RANGE (min, max), got "
+                f"{tuple(lsj.OUTPUT_SIZE)} and {tuple(lsj.SCALE_RANGE)}"
+            )
+        out_h, out_w = lsj.OUTPUT_SIZE
+        # Flipped first, so the padding stays at the bottom-right, where the model pads too.
+        augs += flips
+        with _blame("INPUT.LARGE_SCALE_JITTER (OUTPUT_SIZE, SCALE_RANGE)"):
+            augs.append(ResizeScale(lsj.SCALE_RANGE[0], lsj.SCALE_RANGE[1], out_h, out_w))
+            augs.append(FixedSizeCrop((out_h, out_w), pad_value=tuple(cfg.MODEL.PIXEL_MEAN)))
+    else:
+        augs.append(
             ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TRAIN, cfg.INPUT.MAX_SIZE_TRAIN, cfg.INPUT.MIN_SIZE_TRAIN_SAMPLING)
-        ]
-        flip = cfg.INPUT.RANDOM_FLIP
-        if flip not in FLIP_DIRECTIONS:
-            raise ValueError(f"INPUT.RANDOM_FLIP must be one of {list(FLIP_DIRECTIONS)}, got {flip!r}")
-        if flip != "none":
-            augs.append(RandomFlip(0.5, horizontal=flip == "horizontal", vertical=flip == "vertical"))
-        return augs
-    return [ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST, "choice")]
+        )
+        augs += flips
+    jitter = cfg.INPUT.COLOR_JITTER
+    fmt = cfg.INPUT.FORMAT
+    if jitter.BRIGHTNESS > 0:
+        augs.append(RandomBrightness(jitter.BRIGHTNESS, fmt))
+    if jitter.CONTRAST > 0:
+        augs.append(RandomContrast(jitter.CONTRAST, fmt))
+    if jitter.SATURATION > 0:
+        augs.append(RandomSaturation(jitter.SATURATION, fmt))
+    if jitter.LIGHTING > 0:
+        augs.append(RandomLighting(jitter.LIGHTING, fmt))
+    return augs
+
+
+@contextmanager
+def _blame(keys: str):
+    """An augmentation's refusal of its arguments, re-raised naming the config keys they came from."""
+    try:
+        yield
+    except ValueError as e:
+        raise ValueError(f"{keys}: {e}") from e
 
 
 class DatasetMapper:
@@ -49,6 +113,7 @@ class DatasetMapper:
         image_format: str = "BGR",
         use_instance_mask: bool = False,
         instance_mask_format: str = "polygon",
+        recompute_boxes: bool = False,
     ):
         if hasattr(is_train, "INPUT"):  # DatasetMapper(cfg, ...), detectron2's spelling
             raise TypeError(
@@ -66,6 +131,12 @@ class DatasetMapper:
         self.image_format = image_format
         self.use_instance_mask = bool(use_instance_mask)
         self.instance_mask_format = instance_mask_format
+        # After a crop, the clipped box of an instance can be far larger than what is left of it
+        # (a triangle's corner cut off): its box is then taken from its clipped mask.
+        if recompute_boxes and not use_instance_mask:
+            raise ValueError("DatasetMapper: recompute_boxes needs the instance masks (use_instance_mask=True)")
+        self.recompute_boxes = bool(recompute_boxes)
+        logger.info("Augmentations of the %s data: %s", "training" if self.is_train else "test", self.augmentations)
 
     @classmethod
     def from_config(cls, cfg, is_train: bool = True):
@@ -75,6 +146,9 @@ class DatasetMapper:
             "image_format": cfg.INPUT.FORMAT,
             "use_instance_mask": cfg.MODEL.MASK_ON,
             "instance_mask_format": cfg.INPUT.MASK_FORMAT,
+            "recompute_boxes": bool(
+                is_train and cfg.MODEL.MASK_ON and (cfg.INPUT.CROP.ENABLED or cfg.INPUT.LARGE_SCALE_JITTER.ENABLED)
+            ),
         }
 
     def __call__(self, record: dict) -> dict:
@@ -109,6 +183,8 @@ class DatasetMapper:
             )
         except ValueError as e:
             raise ValueError(f"{record['file_name']}: {e}") from e
+        if self.recompute_boxes:
+            instances.gt_boxes = instances.gt_masks.get_bounding_boxes()
         out["instances"] = utils.filter_empty_instances(instances)
         return out
 
@@ -116,5 +192,5 @@ class DatasetMapper:
         return (
             f"DatasetMapper(is_train={self.is_train}, augmentations={self.augmentations}, "
             f"image_format='{self.image_format}', use_instance_mask={self.use_instance_mask}, "
-            f"instance_mask_format='{self.instance_mask_format}')"
+            f"instance_mask_format='{self.instance_mask_format}', recompute_boxes={self.recompute_boxes})"
         )

@@ -14,7 +14,7 @@ import logging
 import os
 import random
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -30,10 +30,11 @@ from detcore.evaluation import (
     DatasetEvaluators,
     PascalVOCDetectionEvaluator,
 )
-from detcore.modeling import build_model
+from detcore.modeling import META_ARCH_REGISTRY, GeneralizedRCNNWithTTA, ProposalNetwork, build_model
 from detcore.solver import build_gradient_clipper, build_lr_scheduler, build_optimizer
 from detcore.utils import comm
 from detcore.utils.logger import setup_logger
+from detcore.utils.registry import build_from_config
 
 from . import hooks
 from .checkpoint import Checkpointer
@@ -290,19 +291,29 @@ class DefaultTrainer(TrainerBase):
         return build_detection_test_loader(cfg, dataset_name)
 
     @classmethod
-    def build_evaluator(cls, cfg, dataset_name: str, output_folder: Optional[str] = None) -> DatasetEvaluator:
+    def build_evaluator(
+        cls, cfg, dataset_name: str, output_folder: Optional[str] = None, tasks: Optional[Sequence[str]] = None
+    ) -> DatasetEvaluator:
         """The evaluator of the dataset's ``evaluator_type`` (``EVALUATOR_TYPES``): "coco", box
         (and mask, with MODEL.MASK_ON) AP by pycocotools, for a dataset registered from code too
         (its records are converted to a COCO json in the output folder); "pascal_voc", the VOC
-        devkit's AP; "cityscapes_instance", Cityscapes' own instance AP and COCO AP."""
+        devkit's AP; "cityscapes_instance", Cityscapes' own instance AP and COCO AP. A
+        ProposalNetwork is scored by its proposals' recall ("box_proposals", COCO-style on any of
+        them); ``tasks`` picks COCOEvaluator tasks explicitly. Results go to
+        OUTPUT_DIR/inference/<dataset> (<dataset>_TTA with TEST.AUG.ENABLED)."""
         if output_folder is None:
-            output_folder = os.path.join(cfg.OUTPUT_DIR, "inference", dataset_name)
+            suffix = "_TTA" if cfg.TEST.AUG.ENABLED else ""
+            output_folder = os.path.join(cfg.OUTPUT_DIR, "inference", dataset_name + suffix)
         kind = MetadataCatalog.get(dataset_name).get("evaluator_type", "coco")
         if kind not in EVALUATOR_TYPES:
             raise NotImplementedError(
                 f"No evaluator for dataset '{dataset_name}' of evaluator_type {kind!r} (known: "
                 f"{list(EVALUATOR_TYPES)}); override DefaultTrainer.build_evaluator"
             )
+        if tasks is None and issubclass(META_ARCH_REGISTRY.get(cfg.MODEL.META_ARCHITECTURE), ProposalNetwork):
+            tasks = ("box_proposals",)
+        if tasks is not None:
+            return COCOEvaluator(dataset_name, tasks, output_folder, distributed=True, metadata_fn=MetadataCatalog.get)
         if kind == "pascal_voc":
             return PascalVOCDetectionEvaluator(dataset_name, output_folder, distributed=True)
         tasks = ("bbox", "segm") if cfg.MODEL.MASK_ON else ("bbox",)
@@ -313,7 +324,8 @@ class DefaultTrainer(TrainerBase):
 
     @classmethod
     def test(cls, cfg, model: nn.Module, evaluators: Optional[List[DatasetEvaluator]] = None) -> Dict:
-        """Evaluate ``model`` on every DATASETS.TEST dataset.
+        """Evaluate ``model`` on every DATASETS.TEST dataset; with TEST.AUG.ENABLED, wrapped in
+        ``GeneralizedRCNNWithTTA`` (the test loader then gives unresized images).
 
         Returns ``{task: {metric: value}}`` for a single dataset, ``{dataset: {task: ...}}`` for
         several; ranks other than 0 get empty dicts.
@@ -322,10 +334,17 @@ class DefaultTrainer(TrainerBase):
         if evaluators is not None and len(evaluators) != len(names):
             raise ValueError(f"test: got {len(evaluators)} evaluators for {len(names)} datasets {names}")
         results = OrderedDict()
+        model = comm.unwrap_model(model)
+        if cfg.TEST.AUG.ENABLED:
+            model = build_from_config(GeneralizedRCNNWithTTA, cfg, model)
+            logger.info(
+                "Test-time augmentation: short sides %s (long side <= %d)%s, merged by %s",
+                list(model.min_sizes), model.max_size, ", each also flipped" if model.flip else "", model.merge,
+            )
         for i, name in enumerate(names):
             loader = cls.build_test_loader(cfg, name)
             evaluator = evaluators[i] if evaluators is not None else cls.build_evaluator(cfg, name)
-            results[name] = inference_on_dataset(comm.unwrap_model(model), loader, evaluator)
+            results[name] = inference_on_dataset(model, loader, evaluator)
             if comm.is_main_process():
                 logger.info("Evaluation results of %s:\n%s", name, format_results(results[name]))
         if len(results) == 1:

@@ -11,6 +11,7 @@ from typing import Callable, List, Optional, Sequence
 import cv2
 import numpy as np
 
+from detcore.structures import Instances
 from detcore.utils.visualizer import draw_instances
 
 __all__ = ["IMAGE_EXTENSIONS", "collect_image_paths", "visualize_images"]
@@ -66,7 +67,8 @@ def visualize_images(
 ) -> List[str]:
     """Run ``predictor`` (BGR uint8 image -> dict with "instances") on each image and write the
     image with its detections drawn (boxes, masks, class names, scores) as a PNG into
-    ``output_dir``. Returns the written paths."""
+    ``output_dir``. A ProposalNetwork's predictor gives "proposals" instead: they are drawn as
+    boxes scored by sigmoid(objectness). Returns the written paths."""
     os.makedirs(output_dir, exist_ok=True)
     used: set = set()
     written = []
@@ -74,7 +76,16 @@ def visualize_images(
         image = cv2.imread(path, cv2.IMREAD_COLOR)
         if image is None:
             raise OSError(f"could not read image {path!r} (unsupported or corrupt file)")
-        instances = predictor(image)["instances"].to("cpu")
+        prediction = predictor(image)
+        if "instances" in prediction:
+            instances = prediction["instances"].to("cpu")
+        else:
+            proposals = prediction["proposals"].to("cpu")
+            instances = Instances(
+                proposals.image_size,
+                pred_boxes=proposals.proposal_boxes,
+                scores=proposals.objectness_logits.sigmoid(),
+            )
         drawn = draw_instances(image, instances, class_names=class_names, score_threshold=score_threshold)
         out = os.path.join(output_dir, _output_name(path, used))
         if not cv2.imwrite(out, drawn):

@@ -7,13 +7,16 @@ The simplest way to use a trained model from a script or a notebook:
 
 It applies the same test-time preprocessing as the evaluation data loader (channel order
 INPUT.FORMAT, shortest edge resized to INPUT.MIN_SIZE_TEST capped at INPUT.MAX_SIZE_TEST), and
-the model rescales its detections back to the image as given.
+the model rescales its detections back to the image as given. With TEST.AUG.ENABLED it runs the
+test-time augmentation of the evaluation instead (``GeneralizedRCNNWithTTA``, which resizes each
+scale itself).
 """
 import numpy as np
 import torch
 
 from detcore.data.transforms import ResizeShortestEdge
-from detcore.modeling import build_model
+from detcore.modeling import GeneralizedRCNNWithTTA, build_model
+from detcore.utils.registry import build_from_config
 from detcore.config.choices import IMAGE_FORMATS
 
 from .checkpoint import LoadReport, load_model_weights
@@ -36,6 +39,10 @@ class Predictor:
     * ``labels``: int64 ``[N]`` class indices in ``[0, NUM_CLASSES)``;
     * ``masks``: bool ``[N, H, W]``, only for models with a mask head;
     * ``instances``: the model's raw ``Instances`` (on the CPU).
+
+    A ProposalNetwork (RPN-only model) gives its proposals instead: ``boxes`` float32 ``[N, 4]``,
+    ``objectness_logits`` float32 ``[N]`` (by decreasing objectness) and ``proposals`` (its raw
+    ``Instances``).
     """
 
     def __init__(self, cfg):
@@ -49,7 +56,12 @@ class Predictor:
         if self.cfg.MODEL.WEIGHTS:
             self.load_weights(self.cfg.MODEL.WEIGHTS)
         self.min_size, self.max_size = int(self.cfg.INPUT.MIN_SIZE_TEST), int(self.cfg.INPUT.MAX_SIZE_TEST)
-        self.has_masks = bool(getattr(self.model.roi_heads, "mask_on", False))
+        # What runs the inputs: the model, or its TTA wrapper (then given the images unresized).
+        self.runner = self.model
+        if self.cfg.TEST.AUG.ENABLED:
+            self.runner = build_from_config(GeneralizedRCNNWithTTA, self.cfg, self.model)
+            self.min_size = 0
+        self.has_masks = bool(getattr(getattr(self.model, "roi_heads", None), "mask_on", False))
 
     def load_weights(self, path: str) -> LoadReport:
         """Load a state dict or a trainer checkpoint into the model (the engine's loader: matching
@@ -71,7 +83,8 @@ class Predictor:
 
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
         """The checked BGR image as the model's ``[3, H', W']`` uint8 input: INPUT.FORMAT channel
-        order, resized like the evaluation data loader does (same transform, same sizes)."""
+        order, resized like the evaluation data loader does (same transform, same sizes; not
+        resized with TEST.AUG.ENABLED)."""
         self._check(image)
         if self.input_format == "RGB":
             image = image[:, :, ::-1]
@@ -96,8 +109,20 @@ class Predictor:
         if not inputs:
             return []
         with torch.no_grad():
-            outputs = self.model(inputs)
-        return [self._as_arrays(out["instances"].to("cpu"), x["height"], x["width"]) for out, x in zip(outputs, inputs)]
+            outputs = self.runner(inputs)
+        return [
+            self._proposal_arrays(out["proposals"].to("cpu")) if "proposals" in out
+            else self._as_arrays(out["instances"].to("cpu"), x["height"], x["width"])
+            for out, x in zip(outputs, inputs)
+        ]
+
+    @staticmethod
+    def _proposal_arrays(proposals) -> dict:
+        return {
+            "boxes": proposals.proposal_boxes.tensor.numpy().astype(np.float32, copy=False),
+            "objectness_logits": proposals.objectness_logits.numpy().astype(np.float32, copy=False),
+            "proposals": proposals,
+        }
 
     def _as_arrays(self, instances, height: int, width: int) -> dict:
         out = {

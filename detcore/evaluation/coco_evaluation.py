@@ -1,4 +1,5 @@
-"""COCO-style box and mask AP of a model's predictions, computed with pycocotools.
+"""COCO-style box and mask AP of a model's predictions, computed with pycocotools, and the
+recall of proposals (AR@100 / AR@1000, see proposal_recall.py).
 
 Flow: ``process`` turns each image's predicted ``Instances`` into COCO result dicts (xywh boxes,
 dataset category ids, RLE masks) right away, so only small json-ready records are kept and
@@ -32,6 +33,7 @@ from detcore.structures import Boxes, Instances
 from detcore.utils import strict_json
 
 from .evaluator import DatasetEvaluator, gather_to_main
+from .proposal_recall import LIMITS, proposal_recall_metrics
 
 __all__ = ["COCOEvaluator", "instances_to_coco_json", "RESULTS_FILE", "METRICS_FILE"]
 
@@ -39,7 +41,10 @@ logger = logging.getLogger(__name__)
 
 RESULTS_FILE = "coco_instances_results.json"
 METRICS_FILE = "coco_eval_metrics.json"
-_TASKS = ("bbox", "segm")
+_TASKS = ("bbox", "segm", "box_proposals")
+# Which model output each task reads: detections (Instances with pred_*) or proposals (Instances
+# with proposal_boxes and objectness_logits, as ProposalNetwork returns them).
+_OUTPUT_OF_TASK = {"bbox": "instances", "segm": "instances", "box_proposals": "proposals"}
 # COCOeval.stats[0:6], in order.
 _AP_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
@@ -172,13 +177,29 @@ def _encode_masks(masks, image_size: Tuple[int, int]) -> List[dict]:
     return rles
 
 
+def _proposal_boxes(proposals: Instances) -> np.ndarray:
+    """The ``[P, 4]`` xyxy float32 boxes of one image's proposals by decreasing objectness, at
+    most as many as the largest AR limit."""
+    for field in ("proposal_boxes", "objectness_logits"):
+        if not proposals.has(field):
+            raise ValueError(
+                f"COCOEvaluator: 'proposals' need field '{field}' (have {list(proposals.fields())})"
+            )
+    boxes = proposals.proposal_boxes
+    boxes = (boxes.tensor if isinstance(boxes, Boxes) else torch.as_tensor(boxes)).detach().cpu()
+    order = torch.argsort(proposals.objectness_logits.detach().cpu(), descending=True, stable=True)
+    return boxes[order[: max(LIMITS)]].to(torch.float32).numpy()
+
+
 class COCOEvaluator(DatasetEvaluator):
     """COCO box / mask AP of instance predictions against a COCO json ground truth.
 
     Args:
         dataset_name: path to the COCO json, or a dataset name that ``metadata_fn`` resolves.
-        tasks: any of ``"bbox"``, ``"segm"``. ``"segm"`` is skipped (with a warning) when the
-            predictions carry no masks or the ground truth has no segmentations.
+        tasks: any of ``"bbox"``, ``"segm"``, ``"box_proposals"``. ``"segm"`` is skipped (with a
+            warning) when the predictions carry no masks or the ground truth has no
+            segmentations. ``"box_proposals"`` reads each output's ``"proposals"`` (a
+            ProposalNetwork's) and reports AR@100 / AR@1000, all and by object size.
         output_dir: where ``coco_instances_results.json`` and ``coco_eval_metrics.json`` go
             (nothing is written when None).
         distributed: gather predictions from all ranks to rank 0 when torch.distributed is
@@ -290,20 +311,23 @@ class COCOEvaluator(DatasetEvaluator):
     def process(self, inputs: List[dict], outputs: List[dict]) -> None:
         if len(inputs) != len(outputs):
             raise ValueError(f"COCOEvaluator.process: {len(inputs)} inputs but {len(outputs)} outputs")
+        needed = sorted({_OUTPUT_OF_TASK[t] for t in self._tasks})
         for inp, out in zip(inputs, outputs):
             if "image_id" not in inp:
                 raise ValueError(f"COCOEvaluator.process: each input needs 'image_id'; got keys {sorted(inp)}")
-            if "instances" not in out:
-                raise ValueError(f"COCOEvaluator.process: each output needs 'instances'; got keys {sorted(out)}")
+            missing = [key for key in needed if key not in out]
+            if missing:
+                raise ValueError(
+                    f"COCOEvaluator.process: tasks {list(self._tasks)} need {missing} in each output; got keys "
+                    f"{sorted(out)} (a ProposalNetwork gives 'proposals', a detector 'instances')"
+                )
             image_id = int(inp["image_id"])
-            self._predictions.append(
-                {
-                    "image_id": image_id,
-                    "instances": instances_to_coco_json(
-                        out["instances"], image_id, self._contiguous_to_dataset_id
-                    ),
-                }
-            )
+            record = {"image_id": image_id, "instances": []}
+            if "instances" in needed:
+                record["instances"] = instances_to_coco_json(out["instances"], image_id, self._contiguous_to_dataset_id)
+            if "proposals" in needed:
+                record["proposals"] = _proposal_boxes(out["proposals"])
+            self._predictions.append(record)
 
     def evaluate(self) -> "OrderedDict[str, Dict[str, float]]":
         predictions = self._predictions
@@ -315,9 +339,10 @@ class COCOEvaluator(DatasetEvaluator):
             logger.warning("COCOEvaluator: no images were processed; nothing to evaluate.")
             return OrderedDict()
 
-        image_ids, coco_results = self._unique_images(predictions)
+        image_ids, coco_results, records = self._unique_images(predictions)
         if self._output_dir:
             os.makedirs(self._output_dir, exist_ok=True)
+        if self._output_dir and any(_OUTPUT_OF_TASK[t] == "instances" for t in self._tasks):
             path = os.path.join(self._output_dir, RESULTS_FILE)
             with open(path, "w") as f:
                 f.write(strict_json.dumps(coco_results))
@@ -325,7 +350,10 @@ class COCOEvaluator(DatasetEvaluator):
 
         results = OrderedDict()
         for task in self._tasks:
-            metrics = self._evaluate_task(task, coco_results, image_ids)
+            if task == "box_proposals":
+                metrics = self._evaluate_box_proposals(records)
+            else:
+                metrics = self._evaluate_task(task, coco_results, image_ids)
             if metrics is not None:
                 results[task] = metrics
 
@@ -335,14 +363,16 @@ class COCOEvaluator(DatasetEvaluator):
         return results
 
     # --- evaluation -----------------------------------------------------------------------------
-    def _unique_images(self, predictions: List[dict]) -> Tuple[List[int], List[dict]]:
-        """Image ids and flat results, each image once (samplers may pad with repeated images)."""
-        seen, coco_results = set(), []
+    def _unique_images(self, predictions: List[dict]) -> Tuple[List[int], List[dict], List[dict]]:
+        """Image ids, flat results and the records, each image once (samplers may pad with
+        repeated images)."""
+        seen, coco_results, records = set(), [], []
         for record in predictions:
             if record["image_id"] in seen:
                 continue
             seen.add(record["image_id"])
             coco_results.extend(record["instances"])
+            records.append(record)
         if len(seen) != len(predictions):
             logger.warning(
                 "COCOEvaluator: %d images were processed more than once; their first predictions are used.",
@@ -353,7 +383,20 @@ class COCOEvaluator(DatasetEvaluator):
             raise ValueError(
                 f"COCOEvaluator: image ids {unknown[:10]} were processed but are not in {self._json_file}"
             )
-        return sorted(seen), coco_results
+        return sorted(seen), coco_results, records
+
+    def _evaluate_box_proposals(self, records: List[dict]) -> Dict[str, float]:
+        """AR@100 / AR@1000 (all, small, medium, large) of the processed images' proposals."""
+        gt = self._coco_gt
+        images = []
+        for record in records:
+            anns = [a for a in gt.loadAnns(gt.getAnnIds(imgIds=[record["image_id"]])) if not a.get("iscrowd", 0)]
+            boxes = np.array([a["bbox"] for a in anns], dtype=np.float64).reshape(-1, 4)
+            boxes[:, 2:] += boxes[:, :2]  # xywh -> xyxy
+            images.append((record["proposals"], boxes, np.array([a["area"] for a in anns], dtype=np.float64)))
+        metrics = proposal_recall_metrics(images)
+        logger.info("Proposal recall: %s", "  ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
+        return metrics
 
     def _evaluate_task(self, task: str, coco_results: List[dict], image_ids: List[int]) -> Optional[Dict[str, float]]:
         if task == "segm":

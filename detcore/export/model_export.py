@@ -2,9 +2,10 @@
 or ONNX (.onnx), with a JSON beside it that says how to feed it and read its outputs.
 
 The graph is ``ExportableDetector`` (see wrapper.py): one uint8 image of any height and width in,
-boxes / scores / classes (and M×M mask probabilities) out. TorchScript and ONNX are converted from
-the same ExportedProgram: TorchScript prints its graph (torchscript.py), ONNX translates it, with
-detcore's ops as NonMaxSuppression / RoiAlign (onnx_ops.py).
+boxes / scores / classes (and M×M mask probabilities) out; for a ProposalNetwork, proposal boxes
+and their objectness logits. TorchScript and ONNX are converted from the same ExportedProgram:
+TorchScript prints its graph (torchscript.py), ONNX translates it, with detcore's ops as
+NonMaxSuppression / RoiAlign (onnx_ops.py).
 """
 import os
 import platform
@@ -61,7 +62,7 @@ def export_model(
 
     Args:
         cfg: the config the model was built from (kept in the JSON).
-        model: a GeneralizedRCNN with its weights loaded.
+        model: a GeneralizedRCNN or ProposalNetwork with its weights loaded.
         fmt: one of FORMATS.
         sample_image: a uint8 image in ``input_layout`` to trace with (a random one at the
             config's test size otherwise); any size works afterwards.
@@ -129,7 +130,7 @@ def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class
         "outputs": list(detector.output_names),
         "load": _HOW_TO_LOAD[fmt],
         "class_names": list(class_names) if class_names else None,
-        "score_threshold": float(cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST),
+        "score_threshold": None if detector.proposals_only else float(cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST),
         "mask_threshold": float(cfg.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD) if detector.mask_on else None,
         "mask_paste_mode": cfg.MODEL.ROI_MASK_HEAD.PASTE_MODE if detector.mask_on else None,
         "onnx_opset": OPSET if fmt == "onnx" else None,

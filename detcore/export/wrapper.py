@@ -7,7 +7,10 @@ sized images, the detections of all of them, with ``image_index`` [N] saying who
 * ``boxes``: float32 ``[N, 4]`` xyxy in the input image's pixels;
 * ``scores``: float32 ``[N]``; ``classes``: int64 ``[N]`` in ``[0, NUM_CLASSES)``;
 * ``mask_probs`` (Mask R-CNN only): float32 ``[N, M, M]`` mask probabilities of each detection's
-  class, in its box (M = 28 for the standard head).
+  class, in its box (M = 28 for the standard FPN head, 14 for C4).
+
+A ProposalNetwork (RPN-only) gives its proposals instead: ``boxes`` float32 ``[N, 4]`` and
+``objectness_logits`` float32 ``[N]``, by decreasing objectness.
 
 Normalization and padding are in the graph; resizing is not: torch.export cannot keep a resize
 whose output size depends on the input's through a min/max rule as one graph for every size, so
@@ -23,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from detcore.data.transforms import ResizeShortestEdge
+from detcore.modeling import ProposalNetwork
 from detcore.structures import Boxes
 from detcore.structures.mask_paste import paste_masks_in_image
 
@@ -33,7 +37,7 @@ INPUT_LAYOUTS = ("CHW", "HWC")
 
 class ExportableDetector(nn.Module):
     """Args:
-        model: a GeneralizedRCNN in eval mode.
+        model: a GeneralizedRCNN or ProposalNetwork in eval mode.
         input_layout: "CHW" (``[3, H, W]``) or "HWC" (``[H, W, 3]``, as OpenCV reads images).
     """
 
@@ -46,7 +50,8 @@ class ExportableDetector(nn.Module):
         self.model = model.eval()
         self.input_layout = input_layout
         self.batch_size = batch_size
-        self.mask_on = bool(getattr(model.roi_heads, "mask_on", False))
+        self.proposals_only = isinstance(model, ProposalNetwork)
+        self.mask_on = bool(getattr(getattr(model, "roi_heads", None), "mask_on", False))
 
     def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
         images = [image] if self.batch_size is None else [image[i] for i in range(self.batch_size)]
@@ -58,11 +63,15 @@ class ExportableDetector(nn.Module):
             return per_image[0]
         merged = tuple(torch.cat(parts) for parts in zip(*per_image))
         index = torch.cat(
-            [torch.full_like(outputs[2], i) for i, outputs in enumerate(per_image)]  # classes: int64 [N_i]
+            [torch.full_like(outputs[1], i, dtype=torch.int64) for i, outputs in enumerate(per_image)]  # [N_i]
         )
         return merged + (index,)
 
     def _outputs(self, result) -> Tuple[Tensor, ...]:
+        if self.proposals_only:
+            boxes = result.proposal_boxes.tensor
+            keep = Boxes(boxes).nonempty()  # as proposal_postprocess (masked always: one graph)
+            return boxes[keep], result.objectness_logits[keep]
         boxes = result.pred_boxes.tensor
         # As the eager postprocessing: boxes left empty by clipping are dropped (masked always:
         # one graph for any count).
@@ -74,7 +83,10 @@ class ExportableDetector(nn.Module):
 
     @property
     def output_names(self) -> Tuple[str, ...]:
-        names = ("boxes", "scores", "classes") + (("mask_probs",) if self.mask_on else ())
+        if self.proposals_only:
+            names = ("boxes", "objectness_logits")
+        else:
+            names = ("boxes", "scores", "classes") + (("mask_probs",) if self.mask_on else ())
         return names + (("image_index",) if self.batch_size is not None else ())
 
 

@@ -1,4 +1,5 @@
-"""detcore's layers: the compiled ops (NMS, ROIAlign, ROIPool, deformable convolution) and the model's building blocks.
+"""detcore's layers: the compiled ops (NMS, ROIAlign, ROIPool, deformable convolution, sigmoid focal
+loss) and the model's building blocks.
 
 The ops need only torch and detcore._C at run time (no torchvision).
 """
@@ -6,6 +7,7 @@ from ._extension import OpArgumentError
 from .batch_norm import FrozenBatchNorm2d, get_norm
 from .conv import Conv2d, c2_msra_fill, c2_xavier_fill
 from .deform_conv import DeformConv2d, deform_conv2d
+from .focal_loss import sigmoid_focal_loss
 from .nms import batched_nms, nms
 from .roi_align import ROIAlign, RoIAlign, roi_align
 from .roi_pool import ROIPool, RoIPool, roi_pool
@@ -23,6 +25,7 @@ __all__ = [
     "RoIPool",
     "deform_conv2d",
     "DeformConv2d",
+    "sigmoid_focal_loss",
     "FrozenBatchNorm2d",
     "get_norm",
     "Conv2d",

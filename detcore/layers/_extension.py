@@ -136,3 +136,15 @@ if _loaded:
             grad_mask,
             input.new_empty((weight.size(0),)),
         )
+
+    @torch.library.register_fake("detcore::sigmoid_focal_loss")
+    def _sigmoid_focal_loss_fake(inputs, targets, alpha, gamma, reduction):
+        torch._check(
+            inputs.shape == targets.shape, lambda: "sigmoid_focal_loss: targets must have the shape of inputs"
+        )
+        return inputs.new_empty(inputs.shape if reduction == "none" else ())
+
+    @torch.library.register_fake("detcore::_sigmoid_focal_loss_backward")
+    def _sigmoid_focal_loss_backward_fake(grad, inputs, targets, alpha, gamma, reduction, targets_grad):
+        grad_targets = inputs.new_empty(inputs.shape if targets_grad else (0,))
+        return inputs.new_empty(inputs.shape), grad_targets

@@ -3,7 +3,7 @@ from .anchor_generator import ANCHOR_GENERATOR_REGISTRY, build_anchor_generator
 from .backbone import BACKBONE_REGISTRY, build_backbone
 from .box_regression import Box2BoxTransform
 from .matcher import Matcher
-from .meta_arch import META_ARCH_REGISTRY, GeneralizedRCNN, build_model
+from .meta_arch import META_ARCH_REGISTRY, DetectorBase, GeneralizedRCNN, ProposalNetwork, build_model
 from .poolers import ROIPooler
 from .proposal_generator import PROPOSAL_GENERATOR_REGISTRY, RPN, RPN_HEAD_REGISTRY, build_proposal_generator
 from .roi_heads import (
@@ -11,10 +11,12 @@ from .roi_heads import (
     ROI_BOX_PREDICTOR_REGISTRY,
     ROI_HEADS_REGISTRY,
     ROI_MASK_HEAD_REGISTRY,
+    Res5ROIHeads,
     StandardROIHeads,
     build_roi_heads,
 )
 from .sampling import subsample_labels
+from .test_time_augmentation import GeneralizedRCNNWithTTA
 
 __all__ = [
     "ANCHOR_GENERATOR_REGISTRY",
@@ -27,10 +29,14 @@ __all__ = [
     "ROI_BOX_PREDICTOR_REGISTRY",
     "ROI_MASK_HEAD_REGISTRY",
     "Box2BoxTransform",
+    "DetectorBase",
     "GeneralizedRCNN",
+    "GeneralizedRCNNWithTTA",
     "Matcher",
+    "ProposalNetwork",
     "RPN",
     "ROIPooler",
+    "Res5ROIHeads",
     "StandardROIHeads",
     "build_anchor_generator",
     "build_backbone",

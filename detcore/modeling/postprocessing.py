@@ -1,5 +1,6 @@
-"""Turns the ROI heads' per-image results (in the resized input frame) into final detections in
-the original image: boxes rescaled and clipped, mask probabilities pasted into full-size masks."""
+"""Turns per-image results (in the resized input frame) into outputs in the original image:
+detections (boxes rescaled and clipped, mask probabilities pasted into full-size masks) and
+proposals (boxes rescaled and clipped)."""
 from detcore.structures import Boxes, Instances, paste_masks_in_image
 
 
@@ -29,3 +30,16 @@ def detector_postprocess(
     keep = boxes.nonempty()
     return out[keep]
 
+
+
+def proposal_postprocess(proposals: Instances, output_height: int, output_width: int) -> Instances:
+    """Rescale `proposals` (``proposal_boxes``, ``objectness_logits``) from their image size to
+    (output_height, output_width), clip them to it and drop those left empty; the order (by
+    decreasing objectness) is kept."""
+    in_height, in_width = proposals.image_size
+    boxes = Boxes(proposals.proposal_boxes.tensor.clone())
+    boxes.scale(output_width / in_width, output_height / in_height)
+    boxes.clip((output_height, output_width))
+    out = Instances((output_height, output_width), **{k: v for k, v in proposals.fields().items()})
+    out.proposal_boxes = boxes
+    return out[boxes.nonempty()]

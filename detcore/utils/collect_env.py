@@ -70,6 +70,8 @@ def _extension_rows(torch):
     cuda_version = torch.ops.detcore._cuda_version()
     kernels = "CPU, CUDA" if cuda_version > 0 else "CPU only"
     rows.append(("detcore._C kernels", kernels))
+    # The SIMD set the vectorized CPU kernels (sigmoid_focal_loss) run with on this machine.
+    rows.append(("detcore._C CPU vectors", torch.ops.detcore._cpu_capability()))
     if cuda_version > 0:
         major, minor = cuda_version // 1000, (cuda_version % 1000) // 10
         rows.append(("detcore._C built with CUDA", f"{major}.{minor}"))

@@ -12,6 +12,7 @@ from detcore.modeling import build_model
 
 from .zoo_names import (
     caffe2_resnet50_shapes,
+    detectron2_mask_rcnn_r50_c4_shapes,
     detectron2_mask_rcnn_r50_fpn_shapes,
     torchvision_maskrcnn_v1_shapes,
 )
@@ -32,6 +33,11 @@ def model_from(config, **overrides):
 @pytest.fixture(scope="module")
 def d2_model():
     return model_from("detectron2/mask_rcnn_R_50_FPN_1x.yaml")
+
+
+@pytest.fixture(scope="module")
+def d2_c4_model():
+    return model_from("detectron2/mask_rcnn_R_50_C4_1x.yaml")
 
 
 def numbered_arrays(shapes):
@@ -82,6 +88,39 @@ def test_detectron2_model_zoo_pkl_maps_every_name(tmp_path, d2_model):
     for src, dst in pairs.items():
         assert torch.equal(state_dict[dst], torch.from_numpy(arrays[src]))
     d2_model.load_state_dict(state_dict, strict=True)
+
+
+def test_detectron2_c4_model_zoo_pkl_maps_every_name(tmp_path, d2_c4_model):
+    """detectron2's mask_rcnn_R_50_C4_1x checkpoint fills the detectron2 C4 preset name by name:
+    the body under backbone., res5 under roi_heads.res5 (its convs' norms renamed as for FPN)."""
+    model = d2_c4_model
+    shapes = detectron2_mask_rcnn_r50_c4_shapes()
+    arrays = numbered_arrays(shapes)
+    path = tmp_path / "model_final_b1acc2.pkl"
+    with open(path, "wb") as f:
+        pickle.dump({"model": arrays, "__author__": "Detectron2 Model Zoo"}, f)
+
+    state_dict, report = load_converted_state_dict(path, model)
+    assert report.format == "detectron2"
+    assert report.complete, report.table()
+    assert len(report.mapped) == len(shapes) == len(model.state_dict())
+    assert {src for src, _, _ in report.mapped} == set(shapes)
+    model_state = model.state_dict()
+    for src, dst, shape in report.mapped:
+        assert tuple(model_state[dst].shape) == shapes[src] == shape
+    pairs = {
+        "backbone.stem.conv1.norm.running_mean": "backbone.stem.bn1.running_mean",
+        "backbone.res4.5.conv3.norm.weight": "backbone.res4.5.bn3.weight",
+        "backbone.res2.0.shortcut.weight": "backbone.res2.0.downsample.0.weight",
+        "roi_heads.res5.0.shortcut.norm.bias": "roi_heads.res5.0.downsample.1.bias",
+        "roi_heads.res5.2.conv2.weight": "roi_heads.res5.2.conv2.weight",
+        "roi_heads.res5.1.conv1.norm.running_var": "roi_heads.res5.1.bn1.running_var",
+        "proposal_generator.rpn_head.objectness_logits.weight": "proposal_generator.rpn_head.objectness_logits.weight",
+        "roi_heads.mask_head.deconv.weight": "roi_heads.mask_head.deconv.weight",
+    }
+    for src, dst in pairs.items():
+        assert torch.equal(state_dict[dst], torch.from_numpy(arrays[src]))
+    model.load_state_dict(state_dict, strict=True)
 
 
 def test_detectron2_pth_with_training_state(tmp_path, d2_model):
@@ -173,14 +212,20 @@ def test_torchvision_checkpoint_fills_the_torchvision_preset():
 
 
 # --- caffe2 / MSRA ImageNet ---------------------------------------------------------------------
-def test_caffe2_msra_resnet50_initializes_the_body(tmp_path, d2_model):
+@pytest.fixture(scope="module")
+def msra_r50(tmp_path_factory):
+    """An R-50.pkl of random blobs in caffe2 names (with an optimizer blob), and the blobs."""
     shapes = caffe2_resnet50_shapes()
     rng = np.random.default_rng(0)
     blobs = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
     blobs["res2_0_branch2a_w_momentum"] = np.zeros(shapes["res2_0_branch2a_w"], np.float32)
-    path = tmp_path / "R-50.pkl"
+    path = tmp_path_factory.mktemp("msra") / "R-50.pkl"
     path.write_bytes(pickle.dumps({"blobs": blobs}, protocol=2))
+    return path, blobs
 
+
+def test_caffe2_msra_resnet50_initializes_the_body(msra_r50, d2_model):
+    path, blobs = msra_r50
     state_dict, report = load_converted_state_dict(path, d2_model)
     assert report.format == "caffe2-resnet"
     assert not report.unexpected and not report.shape_mismatch, report.table()
@@ -203,3 +248,19 @@ def test_caffe2_msra_resnet50_initializes_the_body(tmp_path, d2_model):
     torch.testing.assert_close(
         state_dict["backbone.bottom_up.res5.0.downsample.0.weight"], torch.from_numpy(blobs["res5_0_branch1_w"])
     )
+
+
+def test_caffe2_msra_resnet50_fills_a_c4_models_body_and_res5_head(msra_r50, d2_c4_model):
+    """The C4 recipe starts from ImageNet R-50.pkl: res2..res4 go to the body (backbone.), res5,
+    which the body lacks, to the ROI heads' res5."""
+    path, blobs = msra_r50
+    model = d2_c4_model
+    state_dict, report = load_converted_state_dict(path, model)
+    assert not report.unexpected and not report.shape_mismatch, report.table()
+    resnet = {k for k in model.state_dict() if k.startswith(("backbone.", "roi_heads.res5."))}
+    assert set(state_dict) == resnet
+    assert any("roi_heads.res5" in n for n in report.notes), report.notes
+    torch.testing.assert_close(state_dict["roi_heads.res5.2.conv3.weight"], torch.from_numpy(blobs["res5_2_branch2c_w"]))
+    torch.testing.assert_close(state_dict["roi_heads.res5.0.downsample.1.weight"], torch.from_numpy(blobs["res5_0_branch1_bn_s"]))
+    torch.testing.assert_close(state_dict["backbone.res4.0.conv1.weight"], torch.from_numpy(blobs["res4_0_branch2a_w"]))
+    model.load_state_dict(state_dict, strict=False)

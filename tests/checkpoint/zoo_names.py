@@ -1,6 +1,6 @@
 """Parameter names and shapes of published R-50 checkpoints, written from those projects' model
-zoos (not from detcore's code): detectron2's COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_*
-(model_final_*.pkl), torchvision's maskrcnn_resnet50_fpn_coco (the "v1" module layout of the
+zoos (not from detcore's code): detectron2's COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_* and
+mask_rcnn_R_50_C4_* (model_final_*.pkl), torchvision's maskrcnn_resnet50_fpn_coco (the "v1" module layout of the
 published file) and the MSRA ImageNet R-50.pkl in caffe2 blob names (Detectron)."""
 
 # ResNet-50: blocks per stage, bottleneck width of res2 (doubling), output width of res2.
@@ -23,22 +23,26 @@ def _norm(shapes, prefix, channels, leaves=("weight", "bias", "running_mean", "r
         shapes[f"{prefix}.{leaf}"] = (channels,)
 
 
+def _detectron2_block(s, p, i, cin, mid, out):
+    """One bottleneck in detectron2's names: the norm inside each conv, the projection `shortcut`."""
+    if i == 0:
+        s[p + "shortcut.weight"] = (out, cin, 1, 1)
+        _norm(s, p + "shortcut.norm", out)
+    s[p + "conv1.weight"] = (mid, cin, 1, 1)
+    _norm(s, p + "conv1.norm", mid)
+    s[p + "conv2.weight"] = (mid, mid, 3, 3)
+    _norm(s, p + "conv2.norm", mid)
+    s[p + "conv3.weight"] = (out, mid, 1, 1)
+    _norm(s, p + "conv3.norm", out)
+
+
 def detectron2_mask_rcnn_r50_fpn_shapes(num_classes=80):
     s = {}
     b = "backbone.bottom_up."
     s[b + "stem.conv1.weight"] = (64, 3, 7, 7)
     _norm(s, b + "stem.conv1.norm", 64)
     for stage, i, cin, mid, out in _r50_blocks():
-        p = f"{b}res{stage + 2}.{i}."
-        if i == 0:
-            s[p + "shortcut.weight"] = (out, cin, 1, 1)
-            _norm(s, p + "shortcut.norm", out)
-        s[p + "conv1.weight"] = (mid, cin, 1, 1)
-        _norm(s, p + "conv1.norm", mid)
-        s[p + "conv2.weight"] = (mid, mid, 3, 3)
-        _norm(s, p + "conv2.norm", mid)
-        s[p + "conv3.weight"] = (out, mid, 1, 1)
-        _norm(s, p + "conv3.norm", out)
+        _detectron2_block(s, f"{b}res{stage + 2}.{i}.", i, cin, mid, out)
     for level, cin in zip((2, 3, 4, 5), (256, 512, 1024, 2048)):
         s[f"backbone.fpn_lateral{level}.weight"] = (FPN_CHANNELS, cin, 1, 1)
         s[f"backbone.fpn_lateral{level}.bias"] = (FPN_CHANNELS,)
@@ -58,6 +62,29 @@ def detectron2_mask_rcnn_r50_fpn_shapes(num_classes=80):
     for k in range(1, 5):
         s[f"{h}mask_head.mask_fcn{k}.weight"], s[f"{h}mask_head.mask_fcn{k}.bias"] = (256, 256, 3, 3), (256,)
     s[h + "mask_head.deconv.weight"], s[h + "mask_head.deconv.bias"] = (256, 256, 2, 2), (256,)  # (in, out, k, k)
+    s[h + "mask_head.predictor.weight"] = (num_classes, 256, 1, 1)
+    s[h + "mask_head.predictor.bias"] = (num_classes,)
+    return s
+
+
+def detectron2_mask_rcnn_r50_c4_shapes(num_classes=80):
+    """The C4 model: the body (stem .. res4) is the whole backbone, res5 sits in the ROI heads,
+    the RPN has 15 anchors (5 sizes x 3 ratios) on res4, the mask head is a deconv on res5."""
+    s = {"backbone.stem.conv1.weight": (64, 3, 7, 7)}
+    _norm(s, "backbone.stem.conv1.norm", 64)
+    for stage, i, cin, mid, out in _r50_blocks():
+        prefix = "roi_heads." if stage == 3 else "backbone."
+        _detectron2_block(s, f"{prefix}res{stage + 2}.{i}.", i, cin, mid, out)
+    r = "proposal_generator.rpn_head."
+    s[r + "conv.weight"], s[r + "conv.bias"] = (1024, 1024, 3, 3), (1024,)
+    s[r + "objectness_logits.weight"], s[r + "objectness_logits.bias"] = (15, 1024, 1, 1), (15,)
+    s[r + "anchor_deltas.weight"], s[r + "anchor_deltas.bias"] = (60, 1024, 1, 1), (60,)
+    h = "roi_heads."
+    s[h + "box_predictor.cls_score.weight"] = (num_classes + 1, 2048)
+    s[h + "box_predictor.cls_score.bias"] = (num_classes + 1,)
+    s[h + "box_predictor.bbox_pred.weight"] = (num_classes * 4, 2048)
+    s[h + "box_predictor.bbox_pred.bias"] = (num_classes * 4,)
+    s[h + "mask_head.deconv.weight"], s[h + "mask_head.deconv.bias"] = (2048, 256, 2, 2), (256,)  # (in, out, k, k)
     s[h + "mask_head.predictor.weight"] = (num_classes, 256, 1, 1)
     s[h + "mask_head.predictor.bias"] = (num_classes,)
     return s

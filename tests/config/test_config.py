@@ -116,6 +116,16 @@ EXPECTED_DEFAULTS = {
     "INPUT.MASK_FORMAT": "polygon",
     "INPUT.RANDOM_FLIP": "horizontal",
     "INPUT.SIZE_DIVISIBILITY": 32,
+    "INPUT.COLOR_JITTER.BRIGHTNESS": 0.0,
+    "INPUT.COLOR_JITTER.CONTRAST": 0.0,
+    "INPUT.COLOR_JITTER.SATURATION": 0.0,
+    "INPUT.COLOR_JITTER.LIGHTING": 0.0,
+    "INPUT.CROP.ENABLED": False,
+    "INPUT.CROP.TYPE": "relative_range",
+    "INPUT.CROP.SIZE": (0.9, 0.9),
+    "INPUT.LARGE_SCALE_JITTER.ENABLED": False,
+    "INPUT.LARGE_SCALE_JITTER.OUTPUT_SIZE": (1024, 1024),
+    "INPUT.LARGE_SCALE_JITTER.SCALE_RANGE": (0.1, 2.0),
     "DATASETS.TRAIN": ("shapes_train",),
     "DATASETS.TEST": ("shapes_val",),
     "DATASETS.ROOT": "",
@@ -147,6 +157,12 @@ EXPECTED_DEFAULTS = {
     "TEST.DETECTIONS_PER_IMAGE": 100,
     "TEST.EVAL_PERIOD": 0,
     "TEST.IMS_PER_BATCH": 1,
+    "TEST.AUG.ENABLED": False,
+    "TEST.AUG.MIN_SIZES": (400, 500, 600, 700, 800, 900, 1000, 1100, 1200),
+    "TEST.AUG.MAX_SIZE": 4000,
+    "TEST.AUG.FLIP": True,
+    "TEST.AUG.MERGE": "nms",
+    "TEST.AUG.BOX_VOTING_IOU": 0.8,
     "OUTPUT_DIR": "./output",
     "SEED": -1,
     "LOG_PERIOD": 20,
@@ -285,9 +301,13 @@ def test_zoo_config_is_self_consistent(path):
     assert len(sizes) in (1, levels) and len(ratios) in (1, levels)
     flat_sizes = [s for level in sizes for s in level]
     assert flat_sizes == sorted(flat_sizes), "anchor sizes grow with the FPN level"
-    assert set(m.FPN.IN_FEATURES) <= set(m.RESNETS.OUT_FEATURES)
-    fpn_outputs = {f"p{int(f[-1])}" for f in m.FPN.IN_FEATURES} | {"p6"}
-    assert set(m.RPN.IN_FEATURES) <= fpn_outputs
+    if m.BACKBONE.NAME == "ResNet":  # C4: the body's own outputs feed the RPN and the ROI heads
+        assert set(m.RPN.IN_FEATURES) <= set(m.RESNETS.OUT_FEATURES)
+        assert m.ROI_HEADS.NAME == "Res5ROIHeads" and "res5" not in m.RESNETS.OUT_FEATURES
+    else:
+        assert set(m.FPN.IN_FEATURES) <= set(m.RESNETS.OUT_FEATURES)
+        fpn_outputs = {f"p{int(f[-1])}" for f in m.FPN.IN_FEATURES} | {"p6"}
+        assert set(m.RPN.IN_FEATURES) <= fpn_outputs
     assert set(m.ROI_HEADS.IN_FEATURES) <= set(m.RPN.IN_FEATURES)
     assert m.RESNETS.DEPTH in (18, 34, 50, 101, 152)
     if m.RESNETS.DEPTH in (18, 34):
@@ -313,6 +333,30 @@ def zoo(name):
     cfg = get_cfg()
     cfg.merge_from_file(str(CONFIG_DIR / name))
     return cfg
+
+
+def test_c4_and_rpn_only_configs_follow_the_published_recipes():
+    """detectron2's / Detectron's Base-RCNN-C4 and rpn_R_50_{C4,FPN}_1x settings."""
+    for name, mask_on in [("faster_rcnn_R_50_C4_1x.yaml", False), ("mask_rcnn_R_50_C4_1x.yaml", True),
+                          ("detectron2/mask_rcnn_R_50_C4_1x.yaml", True)]:
+        m = zoo(name).MODEL
+        assert (m.META_ARCHITECTURE, m.MASK_ON, m.RESNETS.DEPTH) == ("GeneralizedRCNN", mask_on, 50), name
+        assert (m.BACKBONE.NAME, m.RESNETS.OUT_FEATURES, m.RPN.IN_FEATURES) == ("ResNet", ["res4"], ["res4"])
+        assert m.ANCHOR_GENERATOR.SIZES == [[32, 64, 128, 256, 512]]
+        rpn = m.RPN
+        assert (rpn.PRE_NMS_TOPK_TRAIN, rpn.PRE_NMS_TOPK_TEST, rpn.POST_NMS_TOPK_TRAIN, rpn.POST_NMS_TOPK_TEST) == (
+            12000, 6000, 2000, 1000)
+        assert (m.ROI_HEADS.NAME, m.ROI_HEADS.IN_FEATURES, m.ROI_HEADS.BATCH_SIZE_PER_IMAGE) == ("Res5ROIHeads", ["res4"], 512)
+        assert m.ROI_BOX_HEAD.POOLER_RESOLUTION == m.ROI_MASK_HEAD.POOLER_RESOLUTION == 14
+        assert (m.ROI_MASK_HEAD.NUM_CONV, m.ROI_MASK_HEAD.CONV_DIM) == (0, 256)
+    d2 = zoo("detectron2/mask_rcnn_R_50_C4_1x.yaml")
+    assert d2.MODEL.PIXEL_STD == [1.0, 1.0, 1.0] and d2.MODEL.RESNETS.STRIDE_IN_1X1
+    assert d2.INPUT.MIN_SIZE_TRAIN == (640, 672, 704, 736, 768, 800)
+    for name, backbone, pre, post in [("rpn_R_50_C4_1x.yaml", "ResNet", 12000, 2000),
+                                      ("rpn_R_50_FPN_1x.yaml", "FPN", 1000, 2000)]:
+        m = zoo(name).MODEL
+        assert (m.META_ARCHITECTURE, m.BACKBONE.NAME, m.RESNETS.DEPTH) == ("ProposalNetwork", backbone, 50), name
+        assert (m.RPN.PRE_NMS_TOPK_TEST, m.RPN.POST_NMS_TOPK_TEST) == (pre, post), name
 
 
 def test_coco_configs_follow_the_published_recipe():

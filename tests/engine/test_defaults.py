@@ -15,7 +15,7 @@ from detcore.engine import DefaultTrainer, default_setup
 from detcore.engine.checkpoint import LAST_CHECKPOINT_FILE, load_checkpoint_file
 from detcore.utils.plotting import read_metrics
 
-from .toy_model import REPO, TINY_RCNN, TOY, ToyDetector, make_cfg, subprocess_env
+from .toy_model import REPO, TINY_RCNN, TINY_VAL, TOY, ToyDetector, make_cfg, subprocess_env
 
 
 def toy_cfg(out, *extra):
@@ -219,19 +219,7 @@ def test_sigkill_then_resume_restores_the_saved_state(tiny_cache, tmp_path):
     assert iterations == list(range(saved["iteration"] + 3))  # redone iterations not duplicated
 
 
-@pytest.fixture
-def restore_detcore_logger():
-    logger = logging.getLogger("detcore")
-    state = (list(logger.handlers), logger.propagate, logger.level)
-    yield
-    for h in logger.handlers:
-        if h not in state[0]:
-            h.close()
-    logger.handlers[:] = state[0]
-    logger.propagate, logger.level = state[1], state[2]
-
-
-def test_default_setup_writes_config_log_and_seeds(tmp_path, restore_detcore_logger):
+def test_default_setup_writes_config_log_and_seeds(tmp_path):
     out = tmp_path / "setup"
     cfg = make_cfg(out, ["SEED", "-1"])
     cfg.freeze()
@@ -298,3 +286,29 @@ def test_evaluation_results_reach_every_writer_before_the_next_step(tiny_cache, 
     events.Reload()
     assert [e.step for e in events.Scalars("bbox/AP")] == [1, 3, 4]
     assert [e.step for e in events.Scalars("total_loss")] == [1, 3, 4]
+
+
+def test_evaluation_with_test_time_augmentation(tiny_cache, tmp_path, monkeypatch, single_thread):
+    """TEST.AUG.ENABLED: the trainer's evaluation runs the TTA wrapper on unresized images and
+    writes its results beside the plain ones, under <dataset>_TTA."""
+    from detcore.modeling import GeneralizedRCNNWithTTA
+
+    opts = ["TEST.AUG.ENABLED", "True", "TEST.AUG.MIN_SIZES", "(48, 64)", "TEST.AUG.MAX_SIZE", "96",
+            "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.0"]
+    cfg = make_cfg(tmp_path, TINY_RCNN + opts)
+    cfg.freeze()
+    torch.manual_seed(0)
+    model = DefaultTrainer.build_model(cfg)
+    seen = []
+    augment = GeneralizedRCNNWithTTA.augment
+
+    def spy(self, image, orig_size):
+        seen.append((image.shape[:2], orig_size))
+        return augment(self, image, orig_size)
+
+    monkeypatch.setattr(GeneralizedRCNNWithTTA, "augment", spy)
+    results = DefaultTrainer.test(cfg, model)
+    assert set(results) == {"bbox", "segm"}
+    assert len(seen) == 6 and all(tuple(shape) == size for shape, size in seen)
+    assert (tmp_path / "inference" / f"{TINY_VAL}_TTA" / "coco_eval_metrics.json").is_file()
+    assert model.training  # the model's mode is left as it was

@@ -195,3 +195,21 @@ def test_a_list_of_images_is_one_batch_with_the_one_by_one_detections(predictor)
         np.testing.assert_allclose(got["scores"], alone["scores"], rtol=1e-4, atol=1e-6)
         assert (got["masks"] == alone["masks"]).mean() >= 0.999
     assert predictor([]) == []
+
+
+def test_test_time_augmentation_runs_the_tta_wrapper_on_the_unresized_image(predictor):
+    """TEST.AUG.ENABLED: the same weights answer through GeneralizedRCNNWithTTA, fed the image as
+    given; with one scale at MIN_SIZE_TEST and no flip that is the plain prediction."""
+    from detcore.modeling import GeneralizedRCNNWithTTA
+
+    cfg = _cfg(**{"TEST.AUG.ENABLED": True, "TEST.AUG.MIN_SIZES": (64,), "TEST.AUG.MAX_SIZE": 100, "TEST.AUG.FLIP": False})
+    tta = Predictor(cfg)
+    tta.model.load_state_dict(predictor.model.state_dict())
+    assert isinstance(tta.runner, GeneralizedRCNNWithTTA) and tta.runner.model is tta.model
+    image = _bgr(80, 120, seed=3)
+    assert tuple(tta.preprocess(image).shape) == (3, 80, 120)
+    plain, augmented = predictor(image), tta(image)
+    assert len(plain["boxes"]) > 0
+    np.testing.assert_allclose(augmented["boxes"], plain["boxes"], rtol=0, atol=1e-3)
+    np.testing.assert_array_equal(augmented["scores"], plain["scores"])
+    assert (augmented["masks"] ^ plain["masks"]).sum() <= 2

@@ -519,3 +519,55 @@ def test_predictions_are_gathered_across_ranks(tmp_path):
         {1: prediction([xyxy(boxes[1])], [0.9], [0]), 2: prediction([[0, 0, 20, 20]], [0.95], [0])},
     )
     assert res["bbox"]["AP"] == pytest.approx(single["bbox"]["AP"])
+
+
+# --- proposal recall ----------------------------------------------------------------------------
+def proposals(boxes_xyxy, objectness, size=(H, W)):
+    return {
+        "proposals": Instances(
+            size,
+            proposal_boxes=Boxes(torch.tensor(boxes_xyxy, dtype=torch.float32).reshape(-1, 4)),
+            objectness_logits=torch.tensor(objectness, dtype=torch.float32),
+        )
+    }
+
+
+def test_box_proposals_report_ar_at_100_and_1000_by_size(tmp_path):
+    # Image 1: a medium object [10, 10, 60, 60] (area 2500), matched exactly by a proposal that is
+    # only 121st by objectness: missed at AR@100, found at AR@1000. The proposals come unsorted.
+    # Image 2: a small object [100, 100, 120, 120] (area 400), covered rows 100..116.6: IoU 0.83,
+    # counted at the thresholds 0.50 .. 0.80 (7 of 10).
+    gt = write_gt(tmp_path, [box_ann(1, 1, 1, (10, 10, 50, 50)), box_ann(2, 2, 1, (100, 100, 20, 20))], num_images=2)
+    decoys = [[150.0 + i % 5, 150.0, 160.0 + i % 5, 160.0] for i in range(150)]
+    boxes = decoys[:75] + [[10.0, 10.0, 60.0, 60.0]] + decoys[75:]
+    objectness = list(np.linspace(5.0, 1.0, 120)) + [0.5] + list(np.linspace(0.4, 0.0, 30))
+    objectness = objectness[:75] + [objectness[120]] + objectness[75:120] + objectness[121:]  # the good one at rank 121
+    ev = COCOEvaluator(gt, tasks=("box_proposals",), output_dir=str(tmp_path / "out"))
+    results = run(ev, {1: proposals(boxes, objectness), 2: proposals([[100.0, 100.0, 120.0, 116.6]], [0.0])})
+    metrics = results["box_proposals"]
+    assert metrics["AR@100"] == pytest.approx((0 + 7) / 20 * 100)
+    assert metrics["AR@1000"] == pytest.approx((10 + 7) / 20 * 100)
+    assert metrics["ARs@100"] == pytest.approx(70.0) and metrics["ARs@1000"] == pytest.approx(70.0)
+    assert metrics["ARm@100"] == 0.0 and metrics["ARm@1000"] == 100.0
+    assert math.isnan(metrics["ARl@100"]) and math.isnan(metrics["ARl@1000"])
+    saved = json.loads((tmp_path / "out" / METRICS_FILE).read_text())
+    assert saved["box_proposals"]["AR@1000"] == pytest.approx(85.0) and saved["box_proposals"]["ARl@100"] is None
+    assert not (tmp_path / "out" / RESULTS_FILE).exists()  # no detections to save
+
+
+def test_box_proposals_need_proposals_and_ignore_crowds(tmp_path):
+    crowd = box_ann(2, 1, 1, (100, 100, 50, 50))
+    crowd["iscrowd"] = 1
+    gt = write_gt(tmp_path, [box_ann(1, 1, 1, (10, 10, 50, 50)), crowd])
+    ev = COCOEvaluator(gt, tasks=("bbox", "box_proposals"))
+    with pytest.raises(ValueError, match=r"need \['proposals'\]"):
+        ev.process([{"image_id": 1}], [empty_prediction()])
+    with pytest.raises(ValueError, match="objectness_logits"):
+        bad = proposals([[0, 0, 1, 1]], [0.0])
+        bad["proposals"].remove("objectness_logits")
+        ev.process([{"image_id": 1}], [{**empty_prediction(), **bad}])
+    # Both tasks from one output; the crowd region is no object to recall.
+    output = {**prediction([[10, 10, 60, 60]], [0.9], [0]), **proposals([[10.0, 10.0, 60.0, 60.0]], [1.0])}
+    results = run(ev, {1: output})
+    assert results["bbox"]["AP"] == pytest.approx(100.0)
+    assert results["box_proposals"]["AR@100"] == pytest.approx(100.0)

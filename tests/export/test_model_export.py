@@ -59,6 +59,22 @@ def _chw(image_hwc):
     return image_hwc.permute(2, 0, 1).contiguous()
 
 
+def _assert_same_outputs(got, expected, detector):
+    """Detections (or a ProposalNetwork's proposals) of an exported graph equal eager ones."""
+    if detector.proposals_only:
+        _assert_same_proposals(got, expected)
+    else:
+        _assert_same_detections(got, expected, detector.mask_on)
+
+
+def _assert_same_proposals(got, expected):
+    boxes, logits = (np.asarray(t) for t in got)
+    e_boxes, e_logits = (t.numpy() for t in expected)
+    assert len(boxes) == len(e_boxes) > 0
+    assert np.all(np.abs(boxes - e_boxes) <= 1e-3 * np.maximum(np.abs(e_boxes), 1.0))
+    np.testing.assert_allclose(logits, e_logits, rtol=1e-4, atol=1e-5)
+
+
 def _assert_same_detections(got, expected, mask_on):
     boxes, scores, classes = (np.asarray(t) for t in got[:3])
     e_boxes, e_scores, e_classes = (t.numpy() for t in expected[:3])
@@ -256,8 +272,76 @@ def _assert_export_equals_eager(cfg):
     image = _chw(_photo(128))
     with torch.no_grad():
         outputs = program.module()(image)
-        _assert_same_detections([t.numpy() for t in outputs], detector(image), detector.mask_on)
+        _assert_same_outputs([t.numpy() for t in outputs], detector(image), detector)
         assert all(torch.equal(a, b) for a, b in zip(script_exported_program(program)(image), outputs))
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("rpn_R_18_FPN_shapes.yaml", id="proposal_network"),
+        pytest.param("mask_rcnn_R_18_C4_shapes.yaml", id="mask_rcnn_c4"),
+    ],
+)
+def other_family(request, tmp_path_factory):
+    """A ProposalNetwork and a C4 Mask R-CNN (shapes configs, seeded random weights) exported by
+    export_model at the photo's 160 px: the eager graph, the loaded ExportedProgram file and the
+    JSON beside it."""
+    cfg = get_cfg()
+    cfg.merge_from_file(os.path.join(ROOT, "configs", request.param))
+    cfg.merge_from_list(["MODEL.DEVICE", "cpu", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0, "MODEL.RPN.POST_NMS_TOPK_TEST", 200])
+    model = _model(cfg)
+    out = tmp_path_factory.mktemp("export")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        written = detcore.export.export_model(cfg, model, "exported_program", str(out), sample_image=_chw(_photo(160)))
+    metadata = json.loads(open(written["metadata"]).read())
+    return ExportableDetector(model), torch.export.load(written["model"]), metadata
+
+
+def test_proposal_networks_and_c4_models_export_to_both_formats(other_family, tmp_path):
+    """The ExportedProgram file in torch, TorchScript and ONNX converted from it (in
+    onnxruntime) equal eager at sizes not traced at: a ProposalNetwork's proposal boxes and
+    objectness logits, a C4 model's detections and masks."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    detector, program, metadata = other_family
+    names = ("boxes", "objectness_logits") if detector.proposals_only else ("boxes", "scores", "classes", "mask_probs")
+    assert detector.output_names == names and metadata["outputs"] == list(names)
+    assert (metadata["score_threshold"] is None) == detector.proposals_only
+    path = str(tmp_path / "model.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        onnx_program = torch.onnx.export(
+            program, (_chw(_photo(160)),), dynamo=True, opset_version=detcore.export.OPSET,
+            custom_translation_table=detcore.export.onnx_translation_table(), verbose=False,
+        )
+    onnx_program.save(path)
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    scripted = script_exported_program(program)
+    for short_side in (128, 224):
+        image = _chw(_photo(short_side))
+        with torch.no_grad():
+            expected = detector(image)
+            outputs = program.module()(image)
+            _assert_same_outputs([t.numpy() for t in outputs], expected, detector)
+            assert all(torch.equal(a, b) for a, b in zip(scripted(image), outputs))
+            _assert_the_models_own_outputs(detector, image, expected)
+        _assert_same_outputs(session.run(None, {name: image.numpy()}), expected, detector)
+
+
+def _assert_the_models_own_outputs(detector, image, outputs):
+    """The export graph's outputs are the model's ordinary inference (postprocessed at the
+    input's own size): its proposals, or its detections."""
+    result = detector.model([{"image": image}])[0]
+    if detector.proposals_only:
+        own = (result["proposals"].proposal_boxes.tensor, result["proposals"].objectness_logits)
+    else:
+        own = (result["instances"].pred_boxes.tensor, result["instances"].scores, result["instances"].pred_classes)
+    assert len(own[0]) == len(outputs[0]) > 0
+    for mine, theirs in zip(outputs, own):
+        torch.testing.assert_close(mine, theirs)
 
 
 def _model_configs():

@@ -1,4 +1,5 @@
-"""CUDA kernels against the CPU ones: identical NMS, ROIAlign forward/backward within tolerance.
+"""CUDA kernels against the CPU ones: identical NMS; ROIAlign, ROIPool, deformable convolution and
+sigmoid focal loss (values and gradients) within tolerance.
 
 Half and bfloat16 have no CPU kernel; the CUDA kernels compute them in float32, so they are
 compared with the CPU float32 kernel on the same (upcast, exactly) values.
@@ -8,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from detcore.layers import batched_nms, deform_conv2d, nms, roi_align, roi_pool
+from detcore.layers import batched_nms, deform_conv2d, nms, roi_align, roi_pool, sigmoid_focal_loss
 from detcore.layers import _extension
 
 try:
@@ -330,3 +331,82 @@ def test_deform_conv2d_cuda_backward_alerts_nondeterminism():
             out.sum().backward()
     finally:
         torch.use_deterministic_algorithms(was_deterministic)
+
+
+# --- sigmoid_focal_loss -----------------------------------------------------------------------------
+def _focal_inputs(n, seed, dtype):
+    g = _gen(seed)
+    x = torch.randn(n, generator=g, dtype=torch.float64) * 5
+    x[:4] = torch.tensor([100.0, -100.0, 30.0, -30.0])
+    t = torch.rand(n, generator=g, dtype=torch.float64)
+    t[::3] = 0.0
+    t[1::3] = 1.0
+    return x.to(dtype), t.to(dtype)
+
+
+def _focal_value_and_grads(x, t, grad, **kwargs):
+    x = x.detach().clone().requires_grad_(True)
+    t = t.detach().clone().requires_grad_(True)
+    loss = sigmoid_focal_loss(x, t, **kwargs)
+    return [loss.detach(), *torch.autograd.grad(loss, (x, t), grad.to(loss))]
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("gamma", [0.0, 2.0, 1.5])
+def test_sigmoid_focal_loss_cuda_equals_cpu(dtype, reduction, gamma):
+    """1M elements (more than the grid: the grid-stride loops and the two-level sum)."""
+    n = 1 << 20 if dtype != torch.float64 else 70001
+    x, t = _focal_inputs(n, 30, dtype)
+    grad = torch.randn(n if reduction == "none" else (), generator=_gen(31)).to(dtype)
+    args = dict(alpha=0.25, gamma=gamma, reduction=reduction)
+    cpu = _cpu_dtype(dtype)
+    expected = _focal_value_and_grads(x.to(cpu), t.to(cpu), grad.to(cpu), **args)
+    got = _focal_value_and_grads(x.cuda(), t.cuda(), grad.cuda(), **args)
+    for a, b in zip(got, expected):
+        assert a.dtype == dtype and a.is_cuda
+        tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 and reduction != "none" else ROI_TOL[dtype]
+        torch.testing.assert_close(a.cpu().to(b.dtype), b, **tol)
+
+
+def test_sigmoid_focal_loss_cuda_is_deterministic():
+    """The sums take no atomics: the same bits every run, also in deterministic mode."""
+    x, t = _focal_inputs(3_000_000, 32, torch.float32)
+    x, t = x.cuda(), t.cuda()
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first = [sigmoid_focal_loss(x, t, reduction=r) for r in ("sum", "mean")]
+        for _ in range(3):
+            again = [sigmoid_focal_loss(x, t, reduction=r) for r in ("sum", "mean")]
+            assert all(torch.equal(a, b) for a, b in zip(first, again))
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)
+
+
+def test_sigmoid_focal_loss_cuda_edge_cases_and_autocast():
+    for shape in ((0, 80), (1,), ()):
+        x, t = torch.full(shape, 0.7).cuda(), torch.ones(shape).cuda()
+        for reduction in ("none", "mean", "sum"):
+            got = sigmoid_focal_loss(x, t, reduction=reduction)
+            expected = sigmoid_focal_loss(x.cpu(), t.cpu(), reduction=reduction)
+            torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
+    x, t = _focal_inputs(5000, 33, torch.float32)
+    xt = x.reshape(50, 100).cuda().t()  # non-contiguous
+    got = sigmoid_focal_loss(xt, t.reshape(50, 100).cuda().t(), reduction="none")
+    torch.testing.assert_close(got.cpu(), sigmoid_focal_loss(x.reshape(50, 100).t(), t.reshape(50, 100).t()))
+    with torch.autocast("cuda", dtype=torch.float16):
+        out = sigmoid_focal_loss(x.cuda().half(), t.cuda().half(), reduction="sum")
+    assert out.dtype == torch.float32
+
+
+def test_sigmoid_focal_loss_cuda_bad_targets_name_the_first():
+    x, t = _focal_inputs(100000, 34, torch.float32)
+    t[90000] = 2.0
+    t[60000] = float("nan")
+    with pytest.raises(ValueError, match=r"got nan at targets\[60000\]"):
+        sigmoid_focal_loss(x.cuda(), t.cuda(), reduction="sum")
+    with pytest.raises(ValueError, match="targets must have the shape of inputs"):
+        sigmoid_focal_loss(x.cuda(), t[:10].cuda())
+    with pytest.raises(ValueError, match="targets must be on the device of inputs"):
+        torch.ops.detcore.sigmoid_focal_loss(x.cuda(), t, 0.25, 2.0, "sum")

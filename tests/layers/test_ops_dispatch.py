@@ -30,7 +30,7 @@ def _detection_inputs(seed=0, n=400):
     "name",
     [
         "nms", "batched_nms", "roi_align", "_roi_align_backward", "roi_pool", "_roi_pool_backward",
-        "deform_conv2d", "_deform_conv2d_backward",
+        "deform_conv2d", "_deform_conv2d_backward", "sigmoid_focal_loss", "_sigmoid_focal_loss_backward",
     ],
 )
 def test_ops_are_registered(name):

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from detcore.data import MetadataCatalog
-from detcore.engine import DefaultTrainer
+from detcore.engine import DefaultTrainer, Predictor
+from detcore.engine.demo import visualize_images
 from detcore.modeling import build_model
 
 from tests.engine.toy_model import REPO, TINY_RCNN, TINY_VAL, TOY, make_cfg, subprocess_env
@@ -48,6 +49,48 @@ def test_test_net_prints_ap_of_a_checkpoint(tiny_cache, tmp_path):
     stdout = run("test_net.py", [*TOY, "MODEL.WEIGHTS", weights, "OUTPUT_DIR", str(out)], tiny_cache)
     assert_prints_ap(stdout, ["bbox"])
     assert (out / "inference" / TINY_VAL / "coco_eval_metrics.json").is_file()
+
+
+def assert_prints_ar(stdout):
+    row = [line for line in stdout.splitlines() if line.startswith("box_proposals: AR@100 ")]
+    assert row, f"no 'box_proposals: AR@100' line in:\n{stdout[-3000:]}"
+    assert "AR@1000" in row[0] and "ARs@100" in row[0] and "ARl@1000" in row[0]
+
+
+RPN_ONLY = TINY_RCNN + ["MODEL.META_ARCHITECTURE", "ProposalNetwork"]
+
+
+def test_a_proposal_network_is_scored_by_recall(tiny_cache, tmp_path):
+    """test_net's evaluation (DefaultTrainer.test) picks proposal recall for a ProposalNetwork."""
+    cfg = make_cfg(tmp_path, RPN_ONLY)
+    torch.manual_seed(0)
+    results = DefaultTrainer.test(cfg, build_model(cfg))
+    assert list(results) == ["box_proposals"]
+    assert set(results["box_proposals"]) == {f"AR{s}@{n}" for s in ("", "s", "m", "l") for n in (100, 1000)}
+    assert (tmp_path / "inference" / TINY_VAL / "coco_eval_metrics.json").is_file()
+
+
+def test_test_net_adds_an_rcnns_proposal_recall_on_request(tiny_cache, tmp_path):
+    weights = train(tmp_path / "train", TINY_RCNN, 2)
+    out = tmp_path / "test"
+    stdout = run("test_net.py", ["--proposal-recall", *TINY_RCNN, "MODEL.WEIGHTS", weights, "OUTPUT_DIR", str(out)], tiny_cache)
+    assert_prints_ap(stdout, ["bbox", "segm"])
+    assert_prints_ar(stdout)
+    assert (out / "inference" / f"{TINY_VAL}_proposals" / "coco_eval_metrics.json").is_file()
+
+
+def test_predictor_and_demo_on_a_proposal_network(tiny_cache, tmp_path):
+    cfg = make_cfg(tmp_path, RPN_ONLY)
+    torch.manual_seed(0)
+    predictor = Predictor(cfg)
+    image = cv2.imread(os.path.join(val_images(), sorted(os.listdir(val_images()))[0]))
+    out = predictor(image)
+    assert set(out) == {"boxes", "objectness_logits", "proposals"}
+    assert out["boxes"].shape == (len(out["objectness_logits"]), 4) and len(out["boxes"]) > 0
+    assert out["proposals"].image_size == image.shape[:2]
+    written = visualize_images(predictor, [os.path.join(val_images(), sorted(os.listdir(val_images()))[0])],
+                               str(tmp_path / "demo"), score_threshold=0.0)
+    assert len(written) == 1 and cv2.imread(written[0]).shape == image.shape
 
 
 def test_test_net_needs_weights(tiny_cache, tmp_path):

@@ -16,6 +16,7 @@ def test_report_names_the_extension_and_its_kernels():
         assert kernels.endswith("CPU, CUDA") and "detcore._C CUDA archs" in lines
     else:
         assert kernels.endswith("CPU only")
+    assert lines["detcore._C CPU vectors"].split()[-1] in ("baseline", "avx2", "avx512")
 
 
 def test_runs_as_a_module():

@@ -1,8 +1,7 @@
-// Grid and block sizes of the CUDA launchers, in plain C++: the launchers in nms_kernel.cu,
-// roi_align_kernel.cu and roi_pool_kernel.cu and the CUDA emulation in
-// tests/layers/cuda_emulation/ launch the kernels with the same numbers. The grid and shared-memory limits are parameters, so a test can give a
-// kernel more work than blocks, or push the NMS unwrap onto its global-memory path, with a few
-// boxes.
+// Grid and block sizes of the CUDA launchers, in plain C++: the launchers in cuda/*.cu and the
+// CUDA emulation in tests/layers/cuda_emulation/ launch the kernels with the same numbers. The
+// grid and shared-memory limits are parameters, so a test can give a kernel more work than
+// blocks, or push the NMS unwrap onto its global-memory path, with a few boxes.
 #pragma once
 
 #include <cstddef>
@@ -65,6 +64,16 @@ constexpr int kDeformConvThreads = 256;  // one thread per column entry, input c
 constexpr unsigned int deform_conv2d_blocks(int64_t total, int64_t max_blocks = kMaxBlocks) {
   const int64_t blocks = (total + kDeformConvThreads - 1) / kDeformConvThreads;
   return static_cast<unsigned int>(blocks < max_blocks ? blocks : max_blocks);
+}
+
+// --- sigmoid_focal_loss ---------------------------------------------------------------------
+constexpr int kFocalLossThreads = 256;  // one thread per element; a power of two (tree sums)
+
+// Blocks for n elements; grid-stride loops cover what max_blocks leaves. A function of n alone,
+// so that the sum's order (and its bits) is the same on every GPU.
+constexpr unsigned int focal_loss_blocks(int64_t n, int64_t max_blocks = kMaxBlocks) {
+  const int64_t blocks = (n + kFocalLossThreads - 1) / kFocalLossThreads;
+  return static_cast<unsigned int>(blocks < 1 ? 1 : blocks < max_blocks ? blocks : max_blocks);
 }
 
 }  // namespace detcore

@@ -38,7 +38,7 @@ from detcore.layers.deform_conv import DeformConv2d
 from .backbone import Backbone
 from .build import BACKBONE_REGISTRY
 
-__all__ = ["BasicBlock", "BottleneckBlock", "BasicStem", "ResNet"]
+__all__ = ["BasicBlock", "BottleneckBlock", "BasicStem", "ResNet", "init_resnet_weights", "make_stage"]
 
 # Blocks per stage (res2, res3, res4, res5) for each depth.
 _BLOCKS_PER_STAGE = {
@@ -208,6 +208,102 @@ class BasicStem(nn.Module):
         return self.maxpool(F.relu_(conv_norm(self.conv1, self.bn1, x)))
 
 
+def _check_stage_arguments(depth, num_groups, res2_out_channels, dilation, deform, deform_num_groups):
+    """What the block type of `depth` allows: basic blocks (ResNet-18/34) have no groups, width
+    choice, dilation or deformable convs."""
+    if deform_num_groups < 1:
+        raise ValueError(f"ResNet: deform_num_groups must be >= 1, got {deform_num_groups}")
+    if depth not in (18, 34):
+        return
+    if deform:
+        raise ValueError(
+            f"ResNet-{depth}: deformable convs (MODEL.RESNETS.DEFORM_ON_PER_STAGE) need bottleneck "
+            "blocks (depth 50, 101 or 152)"
+        )
+    if res2_out_channels not in (None, 64):
+        raise ValueError(
+            f"ResNet-{depth}: res2_out_channels (MODEL.RESNETS.RES2_OUT_CHANNELS) must be 64, got {res2_out_channels}"
+        )
+    if num_groups != 1:
+        raise ValueError(f"ResNet-{depth}: num_groups must be 1 (BasicBlock), got {num_groups}")
+    if dilation != 1:
+        raise ValueError(f"ResNet-{depth}: res5_dilation must be 1 (BasicBlock)")
+
+
+def make_stage(
+    depth,
+    stage_index,
+    in_channels,
+    *,
+    first_stride=2,
+    num_groups=1,
+    width_per_group=64,
+    res2_out_channels=None,
+    stride_in_1x1=False,
+    norm="FrozenBN",
+    dilation=1,
+    deform=False,
+    deform_modulated=False,
+    deform_num_groups=1,
+):
+    """Stage res{stage_index + 2} of a ResNet-`depth` (stage_index 0..3), taking `in_channels`.
+
+    The first block carries `first_stride` (and a projection shortcut where the shape changes);
+    widths follow ResNet's rule (see ResNet's arguments of the same names). ResNet builds its
+    body from these, and a C4 detector's ROI head builds res5 with it (Res5ROIHeads). Weights
+    keep PyTorch's default init: call `init_resnet_weights` on the result.
+
+    Returns:
+        (nn.Sequential of the blocks, output channels).
+    """
+    if depth not in _BLOCKS_PER_STAGE:
+        raise ValueError(f"make_stage: depth must be one of {list(_BLOCKS_PER_STAGE)}, got {depth}")
+    if not 0 <= stage_index < len(_STAGE_NAMES):
+        raise ValueError(f"make_stage: stage_index must be 0..3 (res2..res5), got {stage_index}")
+    _check_stage_arguments(depth, num_groups, res2_out_channels, dilation, deform, deform_num_groups)
+    basic = depth in (18, 34)
+    if res2_out_channels is None:
+        res2_out_channels = 64 if basic else 256
+    out_channels = res2_out_channels * 2**stage_index
+    blocks = []
+    for b in range(_BLOCKS_PER_STAGE[depth][stage_index]):
+        block_stride = first_stride if b == 0 else 1
+        if basic:
+            block = BasicBlock(in_channels, out_channels, stride=block_stride, norm=norm)
+        else:
+            block = BottleneckBlock(
+                in_channels,
+                out_channels,
+                bottleneck_channels=num_groups * width_per_group * 2**stage_index,
+                stride=block_stride,
+                num_groups=num_groups,
+                norm=norm,
+                stride_in_1x1=stride_in_1x1,
+                dilation=dilation,
+                deform=deform,
+                deform_modulated=deform_modulated,
+                deform_num_groups=deform_num_groups,
+            )
+        blocks.append(block)
+        in_channels = out_channels
+    return nn.Sequential(*blocks), out_channels
+
+
+def init_resnet_weights(module, zero_init_residual=False):
+    """ResNet's initialization of every conv in `module` (a body or a stage): MSRA fill,
+    deformable offsets at zero, and with `zero_init_residual` each block's last norm at 0."""
+    for m in module.modules():
+        if isinstance(m, (nn.Conv2d, DeformConv2d)):
+            c2_msra_fill(m)
+    for m in module.modules():  # after the fill, which would reach the offset convs too
+        if isinstance(m, BottleneckBlock):
+            m.zero_init_offsets()
+    if zero_init_residual:
+        for m in module.modules():
+            if isinstance(m, (BasicBlock, BottleneckBlock)):
+                nn.init.zeros_(m.last_norm.weight)
+
+
 @BACKBONE_REGISTRY.register()
 class ResNet(Backbone):
     """ResNet / ResNeXt body returning a dict of the features named in `out_features`.
@@ -262,13 +358,6 @@ class ResNet(Backbone):
                 f"ResNet: deform_on_per_stage (MODEL.RESNETS.DEFORM_ON_PER_STAGE) needs one bool per "
                 f"stage res2..res5, got {len(deform_on_per_stage)} values"
             )
-        if any(deform_on_per_stage) and depth in (18, 34):
-            raise ValueError(
-                f"ResNet-{depth}: deformable convs (MODEL.RESNETS.DEFORM_ON_PER_STAGE) need bottleneck "
-                "blocks (depth 50, 101 or 152)"
-            )
-        if deform_num_groups < 1:
-            raise ValueError(f"ResNet: deform_num_groups must be >= 1, got {deform_num_groups}")
         if depth not in RESNET_DEPTHS:
             raise ValueError(f"ResNet: depth must be one of {list(RESNET_DEPTHS)}, got {depth}")
         out_features = list(out_features)
@@ -279,25 +368,13 @@ class ResNet(Backbone):
                 f"ResNet: out_features must be a non-empty subset of {list(known)}, "
                 f"got {out_features}"
             )
-        if res5_dilation not in RES5_DILATIONS:
-            raise ValueError(f"ResNet: res5_dilation must be one of {list(RES5_DILATIONS)}, got {res5_dilation}")
         if freeze_at not in FREEZE_AT_STAGES:
             raise ValueError(f"ResNet: freeze_at must be one of {list(FREEZE_AT_STAGES)}, got {freeze_at}")
-        basic = depth in (18, 34)
-        if res2_out_channels is None:
-            res2_out_channels = 64 if basic else 256
-        if basic:
-            if res2_out_channels != 64:
-                raise ValueError(
-                    f"ResNet-{depth}: res2_out_channels (MODEL.RESNETS.RES2_OUT_CHANNELS) must "
-                    f"be 64, got {res2_out_channels}"
-                )
-            if num_groups != 1:
-                raise ValueError(
-                    f"ResNet-{depth}: num_groups must be 1 (BasicBlock), got {num_groups}"
-                )
-            if res5_dilation != 1:
-                raise ValueError(f"ResNet-{depth}: res5_dilation must be 1 (BasicBlock)")
+        if res5_dilation not in RES5_DILATIONS:
+            raise ValueError(f"ResNet: res5_dilation must be one of {list(RES5_DILATIONS)}, got {res5_dilation}")
+        _check_stage_arguments(
+            depth, num_groups, res2_out_channels, res5_dilation, any(deform_on_per_stage), deform_num_groups
+        )
         if zero_init_residual and not norm:
             raise ValueError("ResNet: zero_init_residual needs a norm layer, but norm is empty")
 
@@ -311,36 +388,29 @@ class ResNet(Backbone):
         for i, name in enumerate(self.stage_names):
             dilation = res5_dilation if name == "res5" else 1
             first_stride = 1 if i == 0 or dilation > 1 else 2
-            out_channels = res2_out_channels * 2**i
-            blocks = []
-            for b in range(_BLOCKS_PER_STAGE[depth][i]):
-                block_stride = first_stride if b == 0 else 1
-                if basic:
-                    block = BasicBlock(channels, out_channels, stride=block_stride, norm=norm)
-                else:
-                    block = BottleneckBlock(
-                        channels,
-                        out_channels,
-                        bottleneck_channels=num_groups * width_per_group * 2**i,
-                        stride=block_stride,
-                        num_groups=num_groups,
-                        norm=norm,
-                        stride_in_1x1=stride_in_1x1,
-                        dilation=dilation,
-                        deform=deform_on_per_stage[i],
-                        deform_modulated=deform_modulated,
-                        deform_num_groups=deform_num_groups,
-                    )
-                blocks.append(block)
-                channels = out_channels
-            self.add_module(name, nn.Sequential(*blocks))
+            stage, channels = make_stage(
+                depth,
+                i,
+                channels,
+                first_stride=first_stride,
+                num_groups=num_groups,
+                width_per_group=width_per_group,
+                res2_out_channels=res2_out_channels,
+                stride_in_1x1=stride_in_1x1,
+                norm=norm,
+                dilation=dilation,
+                deform=deform_on_per_stage[i],
+                deform_modulated=deform_modulated,
+                deform_num_groups=deform_num_groups,
+            )
+            self.add_module(name, stage)
             stride *= first_stride
-            self._out_feature_channels[name] = out_channels
+            self._out_feature_channels[name] = channels
             self._out_feature_strides[name] = stride
         self._out_features = [name for name in known if name in out_features]
         self.in_channels = in_channels
 
-        self._init_weights(zero_init_residual)
+        init_resnet_weights(self, zero_init_residual)
         self.freeze(freeze_at)
 
     @classmethod
@@ -363,18 +433,6 @@ class ResNet(Backbone):
             "deform_num_groups": r.DEFORM_NUM_GROUPS,
             "freeze_at": cfg.MODEL.BACKBONE.FREEZE_AT,
         }
-
-    def _init_weights(self, zero_init_residual):
-        for module in self.modules():
-            if isinstance(module, (nn.Conv2d, DeformConv2d)):
-                c2_msra_fill(module)
-        for module in self.modules():  # after the fill, which would reach the offset convs too
-            if isinstance(module, BottleneckBlock):
-                module.zero_init_offsets()
-        if zero_init_residual:
-            for name in self.stage_names:
-                for block in getattr(self, name):
-                    nn.init.zeros_(block.last_norm.weight)
 
     def freeze(self, freeze_at=0):
         """Freeze the stem (freeze_at >= 1) and res2..res{freeze_at}: parameters stop requiring

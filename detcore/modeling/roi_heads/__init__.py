@@ -13,8 +13,10 @@ from .mask_head import (
     mask_rcnn_inference,
     mask_rcnn_loss,
 )
+from .res5_roi_heads import Res5ROIHeads
 from .roi_heads import (
     ROI_HEADS_REGISTRY,
+    ROIHeads,
     StandardROIHeads,
     add_ground_truth_to_proposals,
     build_roi_heads,
@@ -26,6 +28,8 @@ __all__ = [
     "ROI_BOX_HEAD_REGISTRY",
     "ROI_BOX_PREDICTOR_REGISTRY",
     "ROI_MASK_HEAD_REGISTRY",
+    "ROIHeads",
+    "Res5ROIHeads",
     "StandardROIHeads",
     "FastRCNNConvFCHead",
     "FastRCNNOutputLayers",

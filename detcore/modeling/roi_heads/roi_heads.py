@@ -24,6 +24,7 @@ from .mask_head import build_mask_head
 
 __all__ = [
     "ROI_HEADS_REGISTRY",
+    "ROIHeads",
     "StandardROIHeads",
     "build_roi_heads",
     "add_ground_truth_to_proposals",
@@ -81,94 +82,55 @@ def _pooler_from_config(head_cfg, scales, roi_heads_cfg) -> ROIPooler:
     )
 
 
-@ROI_HEADS_REGISTRY.register()
-class StandardROIHeads(nn.Module):
-    """Box branch plus optional mask branch, each with its own pooler, on shared FPN features.
+class ROIHeads(nn.Module):
+    """What every ROI head does before its branches: in training, label the proposals against the
+    ground truth and sample a balanced batch of them (`label_and_sample_proposals`).
 
     Args:
-        box_in_features: feature names the box pooler reads, finest first (e.g. p2..p5).
-        box_pooler, box_head, box_predictor: the box branch.
         num_classes: K foreground classes; background is label K.
         batch_size_per_image: ROIs sampled per image in training.
         positive_fraction: the largest share of foreground ROIs in that sample.
         proposal_matcher: labels ROIs by IoU with the GT (label 1 foreground, 0 background).
         proposal_append_gt: add the GT boxes to the proposals in training.
-        mask_in_features, mask_pooler, mask_head: the mask branch (all None to disable it).
     """
 
     def __init__(
         self,
         *,
-        box_in_features: Sequence[str],
-        box_pooler: ROIPooler,
-        box_head: nn.Module,
-        box_predictor: nn.Module,
         num_classes: int,
         batch_size_per_image: int,
         positive_fraction: float,
         proposal_matcher: Matcher,
         proposal_append_gt: bool = True,
-        mask_in_features: Optional[Sequence[str]] = None,
-        mask_pooler: Optional[ROIPooler] = None,
-        mask_head: Optional[nn.Module] = None,
     ):
         super().__init__()
-        parts = (mask_in_features, mask_pooler, mask_head)
-        if any(p is None for p in parts) and not all(p is None for p in parts):
-            raise ValueError("StandardROIHeads: give all of mask_in_features, mask_pooler and mask_head, or none")
-        self.box_in_features = list(box_in_features)
-        self.box_pooler = box_pooler
-        self.box_head = box_head
-        self.box_predictor = box_predictor
         self.num_classes = int(num_classes)
         self.batch_size_per_image = int(batch_size_per_image)
         self.positive_fraction = float(positive_fraction)
         self.proposal_matcher = proposal_matcher
         self.proposal_append_gt = bool(proposal_append_gt)
-        self.mask_on = mask_head is not None
-        if self.mask_on:
-            self.mask_in_features = list(mask_in_features)
-            self.mask_pooler = mask_pooler
-            self.mask_head = mask_head
 
     @classmethod
     def from_config(cls, cfg, input_shape: Dict[str, ShapeSpec]):
+        """The sampling arguments (MODEL.ROI_HEADS); subclasses add their branches."""
         roi = cfg.MODEL.ROI_HEADS
-        in_features = list(roi.IN_FEATURES)
-        missing = [f for f in in_features if f not in input_shape]
-        if missing:
-            raise ValueError(
-                f"StandardROIHeads: MODEL.ROI_HEADS.IN_FEATURES {missing} are not among the backbone's "
-                f"outputs {sorted(input_shape)}"
-            )
-        scales = tuple(1.0 / input_shape[f].stride for f in in_features)
-        channels = {input_shape[f].channels for f in in_features}
-        if len(channels) != 1:
-            raise ValueError(f"StandardROIHeads: the features {in_features} must have one channel count, got {channels}")
-        in_channels = channels.pop()
-
-        box = cfg.MODEL.ROI_BOX_HEAD
-        res = box.POOLER_RESOLUTION
-        box_pooler = _pooler_from_config(box, scales, roi)
-        box_head = build_box_head(cfg, ShapeSpec(channels=in_channels, height=res, width=res))
-        kwargs = {
-            "box_in_features": in_features,
-            "box_pooler": box_pooler,
-            "box_head": box_head,
-            "box_predictor": build_box_predictor(cfg, box_head.output_shape),
+        return {
             "num_classes": roi.NUM_CLASSES,
             "batch_size_per_image": roi.BATCH_SIZE_PER_IMAGE,
             "positive_fraction": roi.POSITIVE_FRACTION,
             "proposal_matcher": Matcher(roi.IOU_THRESHOLDS, roi.IOU_LABELS, allow_low_quality_matches=False),
             "proposal_append_gt": roi.PROPOSAL_APPEND_GT,
         }
-        if cfg.MODEL.MASK_ON:
-            mask = cfg.MODEL.ROI_MASK_HEAD
-            res = mask.POOLER_RESOLUTION
-            kwargs["mask_in_features"] = in_features
-            kwargs["mask_pooler"] = _pooler_from_config(mask, scales, roi)
-            kwargs["mask_head"] = build_mask_head(cfg, ShapeSpec(channels=in_channels, height=res, width=res))
-        return kwargs
+
+    def _check_inputs(self, images, features, in_features, proposals, targets) -> None:
+        name = type(self).__name__
+        if len(proposals) != len(images):
+            raise ValueError(f"{name}: {len(proposals)} proposal sets for {len(images)} images")
+        missing = [f for f in in_features if f not in features]
+        if missing:
+            raise KeyError(f"{name}: features {missing} missing; got {sorted(features)}")
+        if self.training and targets is None:
+            raise ValueError(f"{name}: targets are required in training mode")
 
     # --- training targets -----------------------------------------------------------------------
     @torch.no_grad()
@@ -178,7 +140,7 @@ class StandardROIHeads(nn.Module):
 
         Returns the sampled proposals, foreground first."""
         if len(targets) != len(proposals):
-            raise ValueError(f"StandardROIHeads: {len(targets)} targets for {len(proposals)} images")
+            raise ValueError(f"{type(self).__name__}: {len(targets)} targets for {len(proposals)} images")
         if self.proposal_append_gt:
             proposals = add_ground_truth_to_proposals(targets, proposals)
 
@@ -211,6 +173,90 @@ class StandardROIHeads(nn.Module):
         idxs = torch.cat([fg, bg])
         return idxs, labels[idxs]
 
+
+@ROI_HEADS_REGISTRY.register()
+class StandardROIHeads(ROIHeads):
+    """Box branch plus optional mask branch, each with its own pooler, on shared FPN features.
+
+    Args:
+        box_in_features: feature names the box pooler reads, finest first (e.g. p2..p5).
+        box_pooler, box_head, box_predictor: the box branch.
+        num_classes, batch_size_per_image, positive_fraction, proposal_matcher,
+            proposal_append_gt: the sampling of training ROIs (see ROIHeads).
+        mask_in_features, mask_pooler, mask_head: the mask branch (all None to disable it).
+    """
+
+    def __init__(
+        self,
+        *,
+        box_in_features: Sequence[str],
+        box_pooler: ROIPooler,
+        box_head: nn.Module,
+        box_predictor: nn.Module,
+        num_classes: int,
+        batch_size_per_image: int,
+        positive_fraction: float,
+        proposal_matcher: Matcher,
+        proposal_append_gt: bool = True,
+        mask_in_features: Optional[Sequence[str]] = None,
+        mask_pooler: Optional[ROIPooler] = None,
+        mask_head: Optional[nn.Module] = None,
+    ):
+        super().__init__(
+            num_classes=num_classes,
+            batch_size_per_image=batch_size_per_image,
+            positive_fraction=positive_fraction,
+            proposal_matcher=proposal_matcher,
+            proposal_append_gt=proposal_append_gt,
+        )
+        parts = (mask_in_features, mask_pooler, mask_head)
+        if any(p is None for p in parts) and not all(p is None for p in parts):
+            raise ValueError("StandardROIHeads: give all of mask_in_features, mask_pooler and mask_head, or none")
+        self.box_in_features = list(box_in_features)
+        self.box_pooler = box_pooler
+        self.box_head = box_head
+        self.box_predictor = box_predictor
+        self.mask_on = mask_head is not None
+        if self.mask_on:
+            self.mask_in_features = list(mask_in_features)
+            self.mask_pooler = mask_pooler
+            self.mask_head = mask_head
+
+    @classmethod
+    def from_config(cls, cfg, input_shape: Dict[str, ShapeSpec]):
+        roi = cfg.MODEL.ROI_HEADS
+        in_features = list(roi.IN_FEATURES)
+        missing = [f for f in in_features if f not in input_shape]
+        if missing:
+            raise ValueError(
+                f"StandardROIHeads: MODEL.ROI_HEADS.IN_FEATURES {missing} are not among the backbone's "
+                f"outputs {sorted(input_shape)}"
+            )
+        scales = tuple(1.0 / input_shape[f].stride for f in in_features)
+        channels = {input_shape[f].channels for f in in_features}
+        if len(channels) != 1:
+            raise ValueError(f"StandardROIHeads: the features {in_features} must have one channel count, got {channels}")
+        in_channels = channels.pop()
+
+        box = cfg.MODEL.ROI_BOX_HEAD
+        res = box.POOLER_RESOLUTION
+        box_pooler = _pooler_from_config(box, scales, roi)
+        box_head = build_box_head(cfg, ShapeSpec(channels=in_channels, height=res, width=res))
+        kwargs = super().from_config(cfg, input_shape)
+        kwargs.update({
+            "box_in_features": in_features,
+            "box_pooler": box_pooler,
+            "box_head": box_head,
+            "box_predictor": build_box_predictor(cfg, box_head.output_shape),
+        })
+        if cfg.MODEL.MASK_ON:
+            mask = cfg.MODEL.ROI_MASK_HEAD
+            res = mask.POOLER_RESOLUTION
+            kwargs["mask_in_features"] = in_features
+            kwargs["mask_pooler"] = _pooler_from_config(mask, scales, roi)
+            kwargs["mask_head"] = build_mask_head(cfg, ShapeSpec(channels=in_channels, height=res, width=res))
+        return kwargs
+
     # --- forward ----------------------------------------------------------------------------------
     def forward(
         self,
@@ -232,14 +278,8 @@ class StandardROIHeads(nn.Module):
             eval: (detections per image: pred_boxes, scores, pred_classes[, pred_masks
             [N, 1, M, M] probabilities], {}).
         """
-        if len(proposals) != len(images):
-            raise ValueError(f"StandardROIHeads: {len(proposals)} proposal sets for {len(images)} images")
-        missing = [f for f in self.box_in_features if f not in features]
-        if missing:
-            raise KeyError(f"StandardROIHeads: features {missing} missing; got {sorted(features)}")
+        self._check_inputs(images, features, self.box_in_features, proposals, targets)
         if self.training:
-            if targets is None:
-                raise ValueError("StandardROIHeads: targets are required in training mode")
             proposals = self.label_and_sample_proposals(proposals, targets)
             losses = self._forward_box(features, proposals)
             losses.update(self._forward_mask(features, proposals))

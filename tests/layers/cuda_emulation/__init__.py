@@ -24,7 +24,7 @@ SOURCES = [
     os.path.join(HERE, name)
     for name in (
         "cuda_emulation.cpp", "emulated_nms.cpp", "emulated_roi_align.cpp", "emulated_roi_pool.cpp",
-        "emulated_deform_conv2d.cpp",
+        "emulated_deform_conv2d.cpp", "emulated_sigmoid_focal_loss.cpp",
     )
 ]
 # -ffp-contract=off: a * b + c is two roundings, never an FMA (see cuda_emulation.h).

@@ -12,10 +12,11 @@
 //  - dynamic shared memory (DETCORE_DYNAMIC_SHARED, nvcc's extern __shared__) is a buffer that is
 //    filled with garbage before each block, so a kernel that reads it before writing it fails;
 //  - a thread that returns from the kernel no longer holds up its block's barriers, as on the GPU;
-//  - atomicAdd is std::atomic_ref::fetch_add, and __fadd_rn & co. round each operation (through
-//    a volatile, so even -ffp-contract=fast cannot fuse them). Build with -ffp-contract=off: a
-//    plain a * b + c then stays two roundings, where nvcc may fuse it into an FMA, which is why
-//    device code that must match the CPU bit for bit uses the _rn operations.
+//  - atomicAdd is std::atomic_ref::fetch_add, atomicMin a compare-and-swap loop, and __fadd_rn
+//    & co. round each operation (through a volatile, so even -ffp-contract=fast cannot fuse
+//    them). Build with -ffp-contract=off: a plain a * b + c then stays two roundings, where nvcc
+//    may fuse it into an FMA, which is why device code that must match the CPU bit for bit uses
+//    the _rn operations.
 // Not emulated: warps (the kernels use no warp intrinsics), memory orderings weaker than a
 // barrier, and __shared__ contents that differ between blocks (static ones carry over).
 // A launch that does not finish in DETCORE_EMULATION_TIMEOUT_S seconds (default 300; a barrier
@@ -84,6 +85,15 @@ inline float atomicAdd(float* address, float value) {
 }
 inline double atomicAdd(double* address, double value) {
   return std::atomic_ref<double>(*address).fetch_add(value);
+}
+
+// CUDA's 64-bit atomicMin (compute capability 5.0 and later), as a compare-and-swap loop.
+inline long long atomicMin(long long* address, long long value) {
+  std::atomic_ref<long long> target(*address);
+  long long old = target.load();
+  while (value < old && !target.compare_exchange_weak(old, value)) {
+  }
+  return old;
 }
 
 inline float __fadd_rn(float a, float b) { return cuda_emulation::rounded(a + b); }

@@ -9,7 +9,7 @@ from detcore.config import get_cfg
 from detcore.layers.batch_norm import FrozenBatchNorm2d
 from detcore.layers.shape_spec import ShapeSpec
 from detcore.modeling import build_backbone
-from detcore.modeling.backbone.resnet import ResNet
+from detcore.modeling.backbone.resnet import BasicBlock, ResNet, init_resnet_weights, make_stage
 
 STAGES = ["res2", "res3", "res4", "res5"]
 
@@ -306,3 +306,47 @@ def test_build_defaults_are_the_detection_r50():
     assert [s.channels for s in model.output_shape().values()] == [256, 512, 1024, 2048]
     assert model.res3[0].conv1.stride == (2, 2)  # MSRA default: stride in the 1×1
     assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+
+
+# --- the stage builder (shared with the C4 ROI heads) -------------------------------------------
+def test_make_stage_builds_resnets_stages():
+    body = ResNet(50, stride_in_1x1=True)
+    stage, channels = make_stage(50, 3, 1024, first_stride=2, stride_in_1x1=True)
+    assert channels == 2048 and len(stage) == 3
+    assert {k: v.shape for k, v in stage.state_dict().items()} == {k: v.shape for k, v in body.res5.state_dict().items()}
+    assert stage[0].conv1.stride == (2, 2) and stage[0].conv2.stride == (1, 1)
+    # Same weights, same function.
+    stage.load_state_dict(body.res5.state_dict())
+    x = torch.randn(1, 1024, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(stage.eval()(x), body.res5.eval()(x))
+    basic, channels = make_stage(18, 2, 128, first_stride=2)
+    assert channels == 256 and len(basic) == 2 and isinstance(basic[0], BasicBlock)
+    x101, channels = make_stage(101, 3, 1024, num_groups=32, width_per_group=8)
+    assert channels == 2048 and x101[0].conv2.groups == 32 and x101[0].conv2.out_channels == 32 * 8 * 8
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        ((42, 3, 64), {}, "depth must be one of"),
+        ((50, 4, 64), {}, "stage_index must be 0..3"),
+        ((18, 3, 256), {"num_groups": 32}, "num_groups must be 1"),
+        ((34, 3, 256), {"dilation": 2}, "res5_dilation must be 1"),
+        ((18, 3, 256), {"deform": True}, "deformable convs"),
+        ((50, 3, 1024), {"deform": True, "deform_num_groups": 0}, "deform_num_groups must be >= 1"),
+    ],
+)
+def test_make_stage_refuses_what_the_block_cannot_do(args, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_stage(*args, **kwargs)
+
+
+def test_init_resnet_weights_is_resnets_init():
+    torch.manual_seed(0)
+    stage, _ = make_stage(50, 1, 256)
+    init_resnet_weights(stage, zero_init_residual=True)
+    conv = stage[0].conv2
+    fan_out = conv.out_channels * 9
+    assert conv.weight.std().item() == pytest.approx((2.0 / fan_out) ** 0.5, rel=0.05)
+    assert all(torch.all(block.bn3.weight == 0) for block in stage)

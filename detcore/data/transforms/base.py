@@ -1,11 +1,16 @@
-"""Geometric transforms applied to an image and everything annotated on it, and the random
-augmentations that choose them.
+"""The transform framework, and the resize and flip transforms with the augmentations that draw them.
 
 Two layers, as in detectron2: an *augmentation* (``ResizeShortestEdge``, ``RandomFlip``) looks
 at an image and draws a deterministic *transform* (``ResizeTransform``, ``HFlipTransform``...),
 which is then applied identically to the image, boxes, polygons and bitmaps -- so they cannot
 drift apart. Coordinates are continuous with pixel ``j`` covering ``[j, j + 1)``: resizing
 scales them, a horizontal flip maps ``x -> width - x``.
+
+One rule per kind of data: every point-like annotation (box corners, polygon vertices, and
+keypoints) moves through ``apply_coords``; every per-pixel one (bitmaps) through
+``apply_segmentation``. A transform that also cuts (a crop) clips after ``apply_coords`` in its
+``apply_box`` / ``apply_polygons``; ``TransformList`` chains those methods transform by
+transform, so the cut happens in the frame where it belongs.
 
 Randomness comes from ``np.random`` (seeded per data-loader worker by ``build.py``).
 """
@@ -53,8 +58,14 @@ class Transform:
         return np.concatenate([corners.min(axis=1), corners.max(axis=1)], axis=1)
 
     def apply_polygons(self, polygons: Sequence[np.ndarray]) -> List[np.ndarray]:
-        """Flat ``[x0, y0, x1, y1, ...]`` polygons -> transformed flat polygons."""
+        """Flat ``[x0, y0, x1, y1, ...]`` polygons -> transformed flat polygons (a transform that
+        cuts may return fewer: the parts left)."""
         return [self.apply_coords(np.asarray(p, dtype=np.float64).reshape(-1, 2)).reshape(-1) for p in polygons]
+
+    def inverse(self) -> "Transform":
+        """The transform that maps this one's output frame back to its input frame (used by
+        test-time augmentation to bring detections back to the original image)."""
+        raise NotImplementedError(f"{type(self).__name__} has no inverse")
 
 
 class NoOpTransform(Transform):
@@ -63,6 +74,9 @@ class NoOpTransform(Transform):
 
     def apply_coords(self, coords):
         return np.asarray(coords, dtype=np.float64)
+
+    def inverse(self):
+        return self
 
     def __repr__(self):
         return "NoOpTransform()"
@@ -103,6 +117,9 @@ class ResizeTransform(Transform):
         coords[:, 1] *= self.new_h / self.h
         return coords
 
+    def inverse(self):
+        return ResizeTransform(self.new_h, self.new_w, self.h, self.w)
+
     def __repr__(self):
         return f"ResizeTransform({self.h}x{self.w} -> {self.new_h}x{self.new_w})"
 
@@ -118,6 +135,9 @@ class HFlipTransform(Transform):
         coords = np.array(coords, dtype=np.float64)
         coords[:, 0] = self.width - coords[:, 0]
         return coords
+
+    def inverse(self):
+        return self
 
     def __repr__(self):
         return f"HFlipTransform(width={self.width})"
@@ -135,12 +155,16 @@ class VFlipTransform(Transform):
         coords[:, 1] = self.height - coords[:, 1]
         return coords
 
+    def inverse(self):
+        return self
+
     def __repr__(self):
         return f"VFlipTransform(height={self.height})"
 
 
 class TransformList(Transform):
-    """Transforms applied in order."""
+    """Transforms applied in order. Boxes and polygons go through each transform's own
+    ``apply_box`` / ``apply_polygons`` in turn, so a crop clips them in its own frame."""
 
     def __init__(self, transforms: Sequence[Transform]):
         self.transforms = [t for t in transforms if not isinstance(t, NoOpTransform)]
@@ -160,6 +184,21 @@ class TransformList(Transform):
         for t in self.transforms:
             coords = t.apply_coords(coords)
         return coords
+
+    def apply_box(self, boxes):
+        boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+        for t in self.transforms:
+            boxes = t.apply_box(boxes)
+        return boxes
+
+    def apply_polygons(self, polygons):
+        polygons = [np.asarray(p, dtype=np.float64).reshape(-1) for p in polygons]
+        for t in self.transforms:
+            polygons = t.apply_polygons(polygons)
+        return polygons
+
+    def inverse(self):
+        return TransformList([t.inverse() for t in reversed(self.transforms)])
 
     def __len__(self):
         return len(self.transforms)
