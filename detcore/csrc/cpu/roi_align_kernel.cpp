@@ -166,14 +166,9 @@ void roi_align_forward_blocked(
           std::fill(a, a + kBlock, T(0));
           for (int64_t t = rt.bin_start[b]; t < rt.bin_start[b + 1]; ++t) {
             const Tap<T>& tap = rt.taps[t];
-            const T* p0 = image + tap.pos[0] * kBlock;
-            const T* p1 = image + tap.pos[1] * kBlock;
-            const T* p2 = image + tap.pos[2] * kBlock;
-            const T* p3 = image + tap.pos[3] * kBlock;
-            const T w0 = tap.w[0], w1 = tap.w[1], w2 = tap.w[2], w3 = tap.w[3];
-            for (int64_t k = 0; k < kBlock; ++k) {
-              a[k] += w0 * p0[k] + w1 * p1[k] + w2 * p2[k] + w3 * p3[k];
-            }
+            add_blend(
+                a, tap.w[0], image + tap.pos[0] * kBlock, tap.w[1], image + tap.pos[1] * kBlock,
+                tap.w[2], image + tap.pos[2] * kBlock, tap.w[3], image + tap.pos[3] * kBlock);
           }
         }
         for (int64_t k = 0; k < n; ++k) {  // output is [K, C, ph, pw]
@@ -194,15 +189,21 @@ bool use_blocks(int64_t num_rois, int64_t channels, int64_t bins, int64_t input_
 
 // ----------------------------------------------------------------------------------- backward
 
-// Gradient of one roi (grad is read through its strides: the grad of out.sum() is expanded).
+// The output gradient [K, C, ph, pw], read through its strides (the grad of out.sum() is
+// expanded): bin b of roi r, channel c is of(r, c)[bin_offset[b]].
 template <typename T>
 struct GradView {
-  const T* data;
-  int64_t s0, s1, s2, s3;
-  int64_t pooled_width;
-  T at(int64_t r, int64_t c, int64_t b) const {
-    return data[r * s0 + c * s1 + (b / pooled_width) * s2 + (b % pooled_width) * s3];
+  GradView(const at::Tensor& grad)
+      : data(grad.data_ptr<T>()), s0(grad.stride(0)), s1(grad.stride(1)) {
+    for (int64_t ph = 0; ph < grad.size(2); ++ph) {
+      for (int64_t pw = 0; pw < grad.size(3); ++pw) bin_offset.push_back(ph * grad.stride(2) + pw * grad.stride(3));
+    }
   }
+  const T* of(int64_t r, int64_t c) const { return data + r * s0 + c * s1; }
+
+  const T* data;
+  int64_t s0, s1;
+  std::vector<int64_t> bin_offset;
 };
 
 // Threads take blocks of kBlock channels: each zeroes its own [N, H*W, kBlock] buffer, adds every
@@ -234,18 +235,15 @@ void roi_align_backward_blocked(
       for (int64_t r = 0; r < num_rois; ++r) {
         const RoiTaps<T>& rt = taps.of(r, s.taps);
         for (int64_t k = 0; k < n; ++k) {
-          for (int64_t b = 0; b < bins; ++b) s.grad[b * kBlock + k] = g.at(r, c0 + k, b);
+          const T* src = g.of(r, c0 + k);
+          for (int64_t b = 0; b < bins; ++b) s.grad[b * kBlock + k] = src[g.bin_offset[b]];
         }
         T* image = s.block.data() + rt.batch * plane * kBlock;
         for (int64_t b = 0; b < bins; ++b) {
           const T* gb = s.grad.data() + b * kBlock;
           for (int64_t t = rt.bin_start[b]; t < rt.bin_start[b + 1]; ++t) {
             const Tap<T>& tap = rt.taps[t];
-            for (int q = 0; q < 4; ++q) {
-              T* row = image + tap.pos[q] * kBlock;
-              const T w = tap.w[q];
-              for (int64_t k = 0; k < kBlock; ++k) row[k] += w * gb[k];
-            }
+            for (int q = 0; q < 4; ++q) add_scaled(image + tap.pos[q] * kBlock, tap.w[q], gb);
           }
         }
       }
@@ -277,8 +275,9 @@ void roi_align_backward_planar(
         const RoiTaps<T>& rt = taps.of(r, own);
         const Tap<T>* t_ptr = rt.taps.data();
         T* dst = gin + (rt.batch * channels + c) * plane;
+        const T* src = g.of(r, c);
         for (int64_t b = 0; b < bins; ++b) {
-          const T gb = g.at(r, c, b);
+          const T gb = src[g.bin_offset[b]];
           for (int64_t t = rt.bin_start[b]; t < rt.bin_start[b + 1]; ++t) {
             const Tap<T>& tap = t_ptr[t];
             dst[tap.pos[0]] += tap.w[0] * gb;
@@ -354,8 +353,7 @@ at::Tensor roi_align_backward_cpu(
   auto grad_input = at::empty({batch_size, channels, height, width}, grad.options());
   const bool blocks = use_blocks(rois.size(0), channels, bins, grad_input.numel());
   AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "roi_align_backward_cpu", [&] {
-    const GradView<scalar_t> g{grad.data_ptr<scalar_t>(), grad.stride(0), grad.stride(1),
-                               grad.stride(2),            grad.stride(3), pooled_width};
+    const GradView<scalar_t> g(grad);
     if (blocks) {
       roi_align_backward_blocked<scalar_t>(g, rois_c, p, grad_input);
     } else {
