@@ -385,7 +385,10 @@ def parse_args(argv=None):
         "(torchvision runs in a worker process, stopped at --tv-budget-s)",
     )
     parser.add_argument(
-        "--only", default=None, help="run only the cases whose name contains this text (e.g. roi_pool)"
+        "--only",
+        default=None,
+        help="run only the cases whose name contains this text or one of these comma-separated "
+        "texts (e.g. nms,roi_align)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument(
@@ -433,7 +436,8 @@ def parse_args(argv=None):
 def _selected_cases(args, device, repeats):
     cases = build_cases(device, repeats, args.quick, args.worst_cases)
     if args.only:
-        cases = [c for c in cases if args.only in c.name]
+        wanted = args.only.split(",")
+        cases = [c for c in cases if any(w in c.name for w in wanted)]
     return cases
 
 
