@@ -108,3 +108,15 @@ def test_the_torchvision_worker_is_killed_at_its_budget():
         assert worker.proc.poll() is not None
     finally:
         worker.close()
+
+
+def test_only_selects_cases_by_any_of_several_texts():
+    import benchmark_ops
+
+    def names(only):
+        args = benchmark_ops.parse_args(["--quick", "--only", only])
+        return [c.name for c in benchmark_ops._selected_cases(args, benchmark_ops.torch.device("cpu"), 1)]
+
+    both = names("nms N=1000,roi_pool")
+    assert both == names("nms N=1000") + names("roi_pool") and len(both) == 3
+    assert all("roi_align" not in n for n in both)
