@@ -22,7 +22,7 @@ from detcore.modeling import ProposalNetwork  # noqa: E402
 from detcore.utils import comm  # noqa: E402
 
 
-def parse_args():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config-file", required=True, metavar="FILE", help="path to the yaml config")
     parser.add_argument(
@@ -30,7 +30,7 @@ def parse_args():
         help="also report the proposal recall (AR@100/AR@1000) of a two-stage model's RPN",
     )
     parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE overrides; set MODEL.WEIGHTS")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def main(args):

@@ -17,14 +17,16 @@ from detcore.modeling import (
     Box2BoxTransform,
     GeneralizedRCNN,
     Matcher,
+    ProposalNetwork,
     ROIPooler,
     StandardROIHeads,
     build_model,
 )
 from detcore.modeling.anchor_generator import DefaultAnchorGenerator
 from detcore.modeling.backbone import FPN, LastLevelMaxPool, LastLevelP6P7, ResNet, RetinaNetFPN
+from detcore.modeling.backbone.resnet import make_stage
 from detcore.modeling.proposal_generator import RPN, StandardRPNHead
-from detcore.modeling.roi_heads import FastRCNNConvFCHead, FastRCNNOutputLayers, MaskRCNNConvUpsampleHead
+from detcore.modeling.roi_heads import FastRCNNConvFCHead, FastRCNNOutputLayers, MaskRCNNConvUpsampleHead, Res5ROIHeads
 from detcore.utils.registry import Registry, build_from_config
 
 from .small_config import small_cfg
@@ -97,6 +99,36 @@ def plain_roi_heads():
     )
 
 
+def plain_res5_roi_heads():
+    """Res5ROIHeads as mask_rcnn_R_18_C4_shapes.yaml (shrunk by small_cfg) builds it on R-18's res4."""
+    res5, channels = make_stage(18, 3, 256, first_stride=2, res2_out_channels=64, stride_in_1x1=True, norm="GN")
+    return Res5ROIHeads(
+        in_features=["res4"],
+        pooler=ROIPooler(8, (1 / 16,), sampling_ratio=0),
+        res5=res5,
+        box_predictor=FastRCNNOutputLayers(
+            ShapeSpec(channels=channels), box2box_transform=Box2BoxTransform((10.0, 10.0, 5.0, 5.0)), num_classes=3,
+            test_score_thresh=0.0, test_topk_per_image=20,
+        ),
+        num_classes=3,
+        batch_size_per_image=32,
+        positive_fraction=0.25,
+        proposal_matcher=Matcher([0.5], [0, 1]),
+        mask_head=MaskRCNNConvUpsampleHead(ShapeSpec(channels=channels, height=4, width=4), num_classes=3, conv_dims=[32, 32]),
+    )
+
+
+def plain_proposal_network():
+    return ProposalNetwork(
+        backbone=plain_fpn(),
+        proposal_generator=plain_rpn(),
+        pixel_mean=[103.530, 116.280, 123.675],
+        pixel_std=[57.375, 57.120, 58.395],
+        size_divisibility=32,
+        channels_last=True,
+    )
+
+
 def plain_rcnn():
     return GeneralizedRCNN(
         backbone=plain_fpn(),
@@ -109,9 +141,10 @@ def plain_rcnn():
     )
 
 
-# registry -> {registered name: (plain-argument builder, what the registry's build gets besides cfg)}
+# registry -> {registered name: (plain-argument builder, what the registry's build gets besides cfg
+# [, the configs/ file it is selected in, when not small_cfg's default])}
 BUILT_IN = {
-    "META_ARCH": {"GeneralizedRCNN": (plain_rcnn, ())},
+    "META_ARCH": {"GeneralizedRCNN": (plain_rcnn, ()), "ProposalNetwork": (plain_proposal_network, ())},
     "BACKBONE": {
         "ResNet": (plain_resnet, (ShapeSpec(channels=3),)),
         "FPN": (plain_fpn, (ShapeSpec(channels=3),)),
@@ -120,7 +153,10 @@ BUILT_IN = {
     "ANCHOR_GENERATOR": {"DefaultAnchorGenerator": (plain_anchor_generator, (list(LEVEL_SHAPES.values()),))},
     "PROPOSAL_GENERATOR": {"RPN": (plain_rpn, (LEVEL_SHAPES,))},
     "RPN_HEAD": {"StandardRPNHead": (lambda: StandardRPNHead(CHANNELS, 3), (list(LEVEL_SHAPES.values()),))},
-    "ROI_HEADS": {"StandardROIHeads": (plain_roi_heads, (LEVEL_SHAPES,))},
+    "ROI_HEADS": {
+        "StandardROIHeads": (plain_roi_heads, (LEVEL_SHAPES,)),
+        "Res5ROIHeads": (plain_res5_roi_heads, ({"res4": ShapeSpec(channels=256, stride=16)},), "mask_rcnn_R_18_C4_shapes.yaml"),
+    },
     "ROI_BOX_HEAD": {"FastRCNNConvFCHead": (plain_box_head, (ShapeSpec(channels=CHANNELS, height=7, width=7),))},
     "ROI_BOX_PREDICTOR": {"FastRCNNOutputLayers": (plain_box_predictor, (ShapeSpec(channels=32),))},
     "ROI_MASK_HEAD": {
@@ -180,8 +216,8 @@ def describe(module: nn.Module):
     return out
 
 
-def selecting(registry: Registry, name: str):
-    cfg = small_cfg()
+def selecting(registry: Registry, name: str, *config: str):
+    cfg = small_cfg(*config)
     cfg.merge_from_list([registry.config_key, name])
     return cfg
 
@@ -191,8 +227,8 @@ def selecting(registry: Registry, name: str):
 )
 def test_component_from_plain_arguments_equals_the_one_built_from_a_config(registry_name, name):
     registry = all_registries()[registry_name]
-    plain, build_args = BUILT_IN[registry_name][name]
-    from_config = registry.build(selecting(registry, name), *build_args)
+    plain, build_args, *config = BUILT_IN[registry_name][name]
+    from_config = registry.build(selecting(registry, name, *config), *build_args)
     assert type(from_config) is registry.get(name)
     assert describe(plain()) == describe(from_config)
 

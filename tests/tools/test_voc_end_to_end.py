@@ -1,7 +1,6 @@
 """Pascal VOC end to end: a VOC tree (made from shapes images) found under $DETCORE_DATASETS by
 the built-in names, trained on with tools/train_net.py, scored by the VOC evaluator that
 tools/test_net.py picks for it."""
-import argparse
 import importlib.util
 import json
 import math
@@ -56,7 +55,7 @@ def test_train_and_test_net_on_a_voc_tree(tiny_cache, tmp_path, monkeypatch):
     test_net = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(test_net)
     eval_out = tmp_path / "eval"
-    args = argparse.Namespace(config_file=CONFIG, opts=[
+    args = test_net.parse_args(["--config-file", CONFIG,
         *TOY, *VOC_DATA, "MODEL.WEIGHTS", str(out / "model_final.pth"), "OUTPUT_DIR", str(eval_out)])
     evaluated = test_net.main(args)["bbox"]
     assert evaluated == pytest.approx(trained, nan_ok=True)
