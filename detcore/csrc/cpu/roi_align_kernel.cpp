@@ -153,7 +153,7 @@ void roi_align_forward_blocked(
   const int64_t work = (roi_work(p) * num_rois + images * plane) * kBlock;
   parallel_chunks(blocks, 1, work, [&](int64_t lo, int64_t hi) {
     Scratch& s = scratch[at::get_thread_num()];
-    s.block.resize(images * plane * kBlock);  // zero at first: lanes past a last partial block
+    s.block.resize(images * plane * kBlock);  // gather_block writes every lane
     s.acc.resize(bins * kBlock);
     for (int64_t c0 = lo * kBlock; c0 < std::min(channels, hi * kBlock); c0 += kBlock) {
       const int64_t n = std::min(kBlock, channels - c0);
