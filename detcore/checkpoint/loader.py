@@ -17,7 +17,8 @@ from torch import nn
 from detcore.modeling.backbone.resnet import BottleneckBlock
 
 from .io import read_checkpoint
-from .mappings import ConvertedCheckpoint, convert_keys
+from .layouts import convert_keys, layout
+from .mappings import ConvertedCheckpoint
 from .report import LoadReport
 
 __all__ = ["convert_state_dict", "load_converted_state_dict", "PREDICTOR_PREFIXES"]
@@ -80,16 +81,12 @@ def _place(converted: ConvertedCheckpoint, prefix: str, stage_homes: Optional[Di
     return placed
 
 
-# What weights of a format were trained with: where bottlenecks stride, and the channel order.
-_STRIDE_IN_1X1 = {"torchvision-detection": False, "torchvision-resnet": False, "caffe2-resnet": True}
-_INPUT_FORMAT = {"torchvision-detection": "RGB", "torchvision-resnet": "RGB", "caffe2-resnet": "BGR"}
-
-
 def _setting_notes(fmt: str, model: nn.Module) -> list:
     """Warn about model settings that do not fit weights of this format (both give a model that
     runs, and quietly computes something else)."""
+    row = layout(fmt)
     notes = []
-    wanted = _STRIDE_IN_1X1.get(fmt)
+    wanted = row.stride_in_1x1
     for module in model.modules():
         # The first block of a downsampling stage shows where the stride sits.
         if wanted is not None and isinstance(module, BottleneckBlock) and module.downsample is not None:
@@ -102,12 +99,13 @@ def _setting_notes(fmt: str, model: nn.Module) -> list:
                     )
                 break
     input_format = getattr(model, "input_format", None)
-    wanted_format = _INPUT_FORMAT.get(fmt)
-    if input_format is not None and wanted_format is not None and input_format != wanted_format:
+    if input_format is not None and row.input_format is not None and input_format != row.input_format:
         notes.append(
-            f"{fmt} weights expect {wanted_format} images but the model takes {input_format} (INPUT.FORMAT); "
+            f"{fmt} weights expect {row.input_format} images but the model takes {input_format} (INPUT.FORMAT); "
             "check INPUT.FORMAT, MODEL.PIXEL_MEAN and MODEL.PIXEL_STD"
         )
+    if notes and row.presets:
+        notes.append(f"{' or '.join(row.presets)} runs {fmt} weights as their source does")
     return notes
 
 

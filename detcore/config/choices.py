@@ -22,10 +22,12 @@ FPN_FUSE_TYPES = ("sum", "avg")
 FPN_TOP_BLOCKS = ("maxpool", "p6p7", "", "none")
 BOX_REG_LOSS_TYPES = ("smooth_l1", "l1", "giou")
 RPN_LOSS_NORMALIZERS = ("batch_size", "num_sampled")
-LEVEL_MAPPERS = ("detectron2", "torchvision")
+RPN_PROPOSAL_RANKINGS = ("logit", "sigmoid", "torchvision")
+LEVEL_MAPPERS = ("detectron2", "torchvision", "maskrcnn_benchmark")
 MASK_TARGET_MODES = ("aligned", "torchvision")
 MASK_PASTE_MODES = ("aligned", "torchvision")
 RESIZE_SAMPLING_STYLES = ("choice", "range")
+RESIZE_MODES = ("opencv", "torchvision", "maskrcnn_benchmark")
 IMAGE_FORMATS = ("BGR", "RGB")
 MASK_FORMATS = ("polygon", "bitmask")
 FLIP_DIRECTIONS = ("none", "horizontal", "vertical")
@@ -48,6 +50,7 @@ CHOICES = {
     "MODEL.FPN.TOP_BLOCK": FPN_TOP_BLOCKS,
     "MODEL.RPN.BBOX_REG_LOSS_TYPE": BOX_REG_LOSS_TYPES,
     "MODEL.RPN.LOSS_NORMALIZER": RPN_LOSS_NORMALIZERS,
+    "MODEL.RPN.PROPOSAL_RANKING": RPN_PROPOSAL_RANKINGS,
     "MODEL.ROI_HEADS.LEVEL_MAPPER": LEVEL_MAPPERS,
     "MODEL.ROI_BOX_HEAD.NORM": NORMS,
     "MODEL.ROI_BOX_HEAD.BBOX_REG_LOSS_TYPE": BOX_REG_LOSS_TYPES,
@@ -55,6 +58,7 @@ CHOICES = {
     "MODEL.ROI_MASK_HEAD.TARGET_MODE": MASK_TARGET_MODES,
     "MODEL.ROI_MASK_HEAD.PASTE_MODE": MASK_PASTE_MODES,
     "INPUT.MIN_SIZE_TRAIN_SAMPLING": RESIZE_SAMPLING_STYLES,
+    "INPUT.RESIZE_MODE": RESIZE_MODES,
     "INPUT.FORMAT": IMAGE_FORMATS,
     "INPUT.MASK_FORMAT": MASK_FORMATS,
     "INPUT.RANDOM_FLIP": FLIP_DIRECTIONS,

@@ -36,6 +36,13 @@ _C.MODEL.PIXEL_STD = [57.375, 57.120, 58.395]
 # R-50-FPN at 800x1333: inference 1.26x, train step 1.16x faster than NCHW; docs/benchmarks.md),
 # and GPU tensor cores prefer it too. Same results up to float rounding.
 _C.MODEL.CHANNELS_LAST = True
+# Reproduce Detectron's and maskrcnn-benchmark's "+1" pixel convention, for their weights: a box
+# [x1, x2] there covers x2 - x1 + 1 pixels (detcore's box is [x1, x2 + 1]). Box coding, IoU and NMS
+# give the same numbers either way; with True, so do the places where they part: boxes are clipped
+# to x1 <= w - 1 (x2 >= 1), ROIAlign gets (x1, y1, x2 - 1, y2 - 1) (with POOLER_ALIGNED False, as
+# theirs), masks are pasted into that box, and detections are scaled to the original image as
+# their corners are (x2 - 1 scaled, + 1), not clipped there.
+_C.MODEL.BOX_LEGACY_PLUS_ONE = False
 
 # ---------------------------------------------------------------------------------------------
 # Backbone: a ResNet body and an FPN on top
@@ -110,6 +117,11 @@ _C.MODEL.ANCHOR_GENERATOR.ROUND_CELL_ANCHORS = False
 # Per level and axis, stride = padded image size // feature map size instead of the nominal
 # stride (torchvision: an 800 px high input gets stride 61 on its 13-row p6).
 _C.MODEL.ANCHOR_GENERATOR.STRIDES_FROM_IMAGE_SIZE = False
+# Detectron's generate_anchors (maskrcnn-benchmark, Detectron): a ratio's width and height are
+# rounded on a stride x stride box, then scaled to the size (ratio 0.5 of size 32 on stride 4:
+# 48 x 24, not 45.25 x 22.6). Their anchors sit at the cell's center: use OFFSET 0.5 with it.
+# Exclusive with ROUND_CELL_ANCHORS.
+_C.MODEL.ANCHOR_GENERATOR.DETECTRON_CELL_ANCHORS = False
 
 _C.MODEL.PROPOSAL_GENERATOR = CN()
 # Proposal generator name in the PROPOSAL_GENERATOR registry.
@@ -154,6 +166,12 @@ _C.MODEL.RPN.POST_NMS_TOPK_TEST = 1000
 _C.MODEL.RPN.NMS_THRESH = 0.7
 # Proposals with a side shorter than this (pixels) are dropped.
 _C.MODEL.RPN.MIN_SIZE = 0.0
+# What orders the proposals for the NMS and the per-image top-k (the per-level top-k always
+# takes the largest logits): "logit" (the objectness logit; detectron2), "sigmoid" (its float32
+# probability, where saturated logits tie at 1.0 and ties keep the per-level order: p2 first,
+# then by logit; maskrcnn-benchmark, Detectron), or "torchvision" (the probability, with ties in
+# the order torchvision's batched_nms leaves them, for its checkpoints).
+_C.MODEL.RPN.PROPOSAL_RANKING = "logit"
 
 # ---------------------------------------------------------------------------------------------
 # ROI heads: box classification / regression and masks on the proposals
@@ -184,8 +202,9 @@ _C.MODEL.ROI_HEADS.PROPOSAL_APPEND_GT = True
 # level CANONICAL_LEVEL (p4); each halving / doubling moves one level down / up.
 _C.MODEL.ROI_HEADS.CANONICAL_BOX_SIZE = 224
 _C.MODEL.ROI_HEADS.CANONICAL_LEVEL = 4
-# Level rule's eps: "detectron2" floor(k0 + log2(s / s0 + 1e-8)) or "torchvision"
-# floor(k0 + log2(s / s0) + 1e-6) (s = sqrt(box area)).
+# Level rule's eps: "detectron2" floor(k0 + log2(s / s0 + 1e-8)), "torchvision"
+# floor(k0 + log2(s / s0) + 1e-6) or "maskrcnn_benchmark" floor(k0 + log2(s / s0 + 1e-6))
+# (s = sqrt(box area)).
 _C.MODEL.ROI_HEADS.LEVEL_MAPPER = "detectron2"
 # At test: detections with a side shorter than this (pixels) are dropped before NMS; 0 keeps
 # all (torchvision uses 0.01).
@@ -258,6 +277,13 @@ _C.INPUT.MAX_SIZE_TRAIN = 1333
 # Test short side and long side cap, pixels; MIN_SIZE_TEST 0 disables resizing.
 _C.INPUT.MIN_SIZE_TEST = 800
 _C.INPUT.MAX_SIZE_TEST = 1333
+# How images are resized, in training and at test (the weights of another library expect its
+# pixels): "opencv" (cv2 bilinear of the uint8 image; sizes rounded, int(side * scale + 0.5)),
+# "torchvision" (GeneralizedRCNNTransform: bilinear interpolate of the float image, no rounding
+# to uint8, no antialiasing; sizes truncated, int(side * scale); masks by nearest neighbour), or
+# "maskrcnn_benchmark" (PIL bilinear of the uint8 image, antialiased when shrinking; its size rule:
+# the long side's cap rounds the short side, the other side is truncated).
+_C.INPUT.RESIZE_MODE = "opencv"
 # Channel order the model sees: "BGR" or "RGB" (PIXEL_MEAN/STD follow it).
 _C.INPUT.FORMAT = "BGR"
 # How instance masks are carried through the data pipeline: "polygon" or "bitmask".

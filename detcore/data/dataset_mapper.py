@@ -2,7 +2,8 @@
 
 Output (the model's input format)::
 
-    {"image": uint8 Tensor[3, H, W] in image_format order, resized,
+    {"image": Tensor[3, H, W] in image_format order, resized (uint8; float32 with
+              INPUT.RESIZE_MODE "torchvision", which keeps the interpolated values),
      "height": int, "width": int,          # the ORIGINAL size (eval outputs are rescaled to it)
      "file_name": str, "image_id": int,
      "instances": Instances((H, W), gt_boxes, gt_classes[, gt_masks])}   # training only
@@ -48,12 +49,13 @@ def build_augmentation(cfg, is_train: bool) -> List[Augmentation]:
     colour jitter of INPUT.COLOR_JITTER. With the defaults of the new keys this is exactly the
     resize and flip of before, drawing the same random numbers.
     Test: the resize to INPUT.MIN_SIZE_TEST; none with TEST.AUG.ENABLED, whose wrapper resizes
-    every scale itself from the original image.
+    every scale itself from the original image. Every shortest-edge resize is the one of
+    INPUT.RESIZE_MODE.
     """
     if not is_train:
         if cfg.TEST.AUG.ENABLED:
             return []
-        return [ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST, "choice")]
+        return [ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST, "choice", cfg.INPUT.RESIZE_MODE)]
     augs: List[Augmentation] = []
     if cfg.INPUT.CROP.ENABLED:
         with _blame("INPUT.CROP (TYPE, SIZE)"):
@@ -64,6 +66,11 @@ def build_augmentation(cfg, is_train: bool) -> List[Augmentation]:
     flips = [RandomFlip(0.5, horizontal=flip == "horizontal", vertical=flip == "vertical")] if flip != "none" else []
     lsj = cfg.INPUT.LARGE_SCALE_JITTER
     if lsj.ENABLED:
+        if cfg.INPUT.RESIZE_MODE != "opencv":
+            raise ValueError(
+                "INPUT.LARGE_SCALE_JITTER resizes with OpenCV: INPUT.RESIZE_MODE must be 'opencv' with it, "
+                f"got {cfg.INPUT.RESIZE_MODE!r}"
+            )
         if len(lsj.OUTPUT_SIZE) != 2 or len(lsj.SCALE_RANGE) != 2:
             raise ValueError(
                 "INPUT.LARGE_SCALE_JITTER: OUTPUT_SIZE must be (height, width) and SCALE_RANGE (min, max), got "
@@ -77,7 +84,9 @@ def build_augmentation(cfg, is_train: bool) -> List[Augmentation]:
             augs.append(FixedSizeCrop((out_h, out_w), pad_value=tuple(cfg.MODEL.PIXEL_MEAN)))
     else:
         augs.append(
-            ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TRAIN, cfg.INPUT.MAX_SIZE_TRAIN, cfg.INPUT.MIN_SIZE_TRAIN_SAMPLING)
+            ResizeShortestEdge(
+                cfg.INPUT.MIN_SIZE_TRAIN, cfg.INPUT.MAX_SIZE_TRAIN, cfg.INPUT.MIN_SIZE_TRAIN_SAMPLING, cfg.INPUT.RESIZE_MODE
+            )
         )
         augs += flips
     jitter = cfg.INPUT.COLOR_JITTER

@@ -6,10 +6,11 @@ The simplest way to use a trained model from a script or a notebook:
     out = predictor(cv2.imread("a.jpg"))  # out["boxes"], out["scores"], out["labels"], out["masks"]
 
 It applies the same test-time preprocessing as the evaluation data loader (channel order
-INPUT.FORMAT, shortest edge resized to INPUT.MIN_SIZE_TEST capped at INPUT.MAX_SIZE_TEST), and
+INPUT.FORMAT, shortest edge resized to INPUT.MIN_SIZE_TEST capped at INPUT.MAX_SIZE_TEST, the way
+INPUT.RESIZE_MODE says), and
 the model rescales its detections back to the image as given. With TEST.AUG.ENABLED it runs the
 test-time augmentation of the evaluation instead (``GeneralizedRCNNWithTTA``, which resizes each
-scale itself).
+scale itself, the same way).
 """
 import numpy as np
 import torch
@@ -56,6 +57,7 @@ class Predictor:
         if self.cfg.MODEL.WEIGHTS:
             self.load_weights(self.cfg.MODEL.WEIGHTS)
         self.min_size, self.max_size = int(self.cfg.INPUT.MIN_SIZE_TEST), int(self.cfg.INPUT.MAX_SIZE_TEST)
+        self.resize_mode = self.cfg.INPUT.RESIZE_MODE
         # What runs the inputs: the model, or its TTA wrapper (then given the images unresized).
         self.runner = self.model
         if self.cfg.TEST.AUG.ENABLED:
@@ -82,15 +84,16 @@ class Predictor:
             )
 
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
-        """The checked BGR image as the model's ``[3, H', W']`` uint8 input: INPUT.FORMAT channel
-        order, resized like the evaluation data loader does (same transform, same sizes; not
-        resized with TEST.AUG.ENABLED)."""
+        """The checked BGR image as the model's ``[3, H', W']`` input: INPUT.FORMAT channel
+        order, resized like the evaluation data loader does (same transform, same sizes; uint8, or
+        float32 with INPUT.RESIZE_MODE "torchvision"; not resized with TEST.AUG.ENABLED)."""
         self._check(image)
         if self.input_format == "RGB":
             image = image[:, :, ::-1]
         image = np.ascontiguousarray(image)
         h, w = image.shape[:2]  # MIN_SIZE_TEST 0: no resizing
-        image = ResizeShortestEdge.test_transform(h, w, self.min_size, self.max_size).apply_image(image)
+        resize = ResizeShortestEdge.test_transform(h, w, self.min_size, self.max_size, self.resize_mode)
+        image = resize.apply_image(image)
         return torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)))
 
     def __call__(self, image):

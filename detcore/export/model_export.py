@@ -123,6 +123,12 @@ def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class
             "resize_before": (
                 f"shortest edge to {min_size}, longest at most {max_size} (detcore.export.resize_for_model); "
                 "boxes come out in the pixels of the image given" if min_size > 0 else "none"
+            )
+            + (
+                f" (OpenCV's uint8 resize: the config's INPUT.RESIZE_MODE '{cfg.INPUT.RESIZE_MODE}' is not "
+                "reproduced for the graph's uint8 input)"
+                if min_size > 0 and cfg.INPUT.RESIZE_MODE != "opencv"
+                else ""
             ),
             "min_size_test": min_size,
             "max_size_test": max_size,
@@ -133,6 +139,7 @@ def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class
         "score_threshold": None if detector.proposals_only else float(cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST),
         "mask_threshold": float(cfg.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD) if detector.mask_on else None,
         "mask_paste_mode": cfg.MODEL.ROI_MASK_HEAD.PASTE_MODE if detector.mask_on else None,
+        "box_legacy_plus_one": bool(cfg.MODEL.BOX_LEGACY_PLUS_ONE),
         "onnx_opset": OPSET if fmt == "onnx" else None,
         "config": cfg.dump(),
         "versions": {

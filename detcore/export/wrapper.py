@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from detcore.data.transforms import ResizeShortestEdge
 from detcore.modeling import ProposalNetwork
-from detcore.structures import Boxes
+from detcore.structures import Boxes, to_legacy_plus_one
 from detcore.structures.mask_paste import paste_masks_in_image
 
 __all__ = ["ExportableDetector", "paste_masks", "resize_for_model"]
@@ -101,10 +101,18 @@ def resize_for_model(image: Tensor, min_size: int, max_size: int) -> Tuple[Tenso
 
 
 def paste_masks(
-    mask_probs: Tensor, boxes: Tensor, height: int, width: int, threshold: float = 0.5, mode: str = "aligned"
+    mask_probs: Tensor,
+    boxes: Tensor,
+    height: int,
+    width: int,
+    threshold: float = 0.5,
+    mode: str = "aligned",
+    legacy_plus_one: bool = False,
 ) -> Tensor:
     """``[N, M, M]`` mask probabilities and their ``[N, 4]`` boxes (in an image of ``height`` ×
     ``width``) → ``[N, height, width]`` bool masks, as the eager model pastes them (threshold and
     mode: the config's MODEL.ROI_MASK_HEAD.MASK_THRESHOLD and PASTE_MODE, kept in the export's
-    JSON)."""
+    JSON; ``legacy_plus_one``: MODEL.BOX_LEGACY_PLUS_ONE, which pastes into (x1, y1, x2 - 1, y2 - 1))."""
+    if legacy_plus_one:
+        boxes = to_legacy_plus_one(boxes)
     return paste_masks_in_image(mask_probs, boxes, (height, width), threshold=threshold, mode=mode)

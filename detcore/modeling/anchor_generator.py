@@ -12,10 +12,17 @@ feature map size`` instead of the nominal stride. The two differ where a map siz
 an 800 px high input has a 25-row p5 and a 13-row p6, whose stride is then 800 // 13 = 61, not 64.
 (torchvision orders the cell anchors ratio-major, this generator size-major: the same with one
 size per level, as in every FPN model.)
+
+``generate_detectron_cell_anchors`` reproduces Detectron's ``generate_anchors`` (maskrcnn-benchmark uses
+it too): each ratio's width and height are rounded to whole pixels on a stride x stride box, then
+scaled to the size, so a ratio-0.5 anchor of size 32 on stride 4 is 48 x 24, not 45.25 x 22.6.
+Its anchors are centered on the cell (offset 0.5; at (stride - 1) / 2 in its "+1" pixel
+convention) and ordered ratio-major, as its RPN heads' outputs are.
 """
 import math
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -74,6 +81,23 @@ def generate_cell_anchors(
     return anchors.round() if round_corners else anchors
 
 
+def generate_detectron_cell_anchors(stride: int, sizes: Sequence[float], aspect_ratios: Sequence[float]) -> torch.Tensor:
+    """``[len(aspect_ratios) * len(sizes), 4]`` xyxy anchors centered at (0, 0), ratio-major, as
+    Detectron's ``generate_anchors(stride, sizes, aspect_ratios)`` makes them (in float64, numpy's
+    half-to-even rounding), written as detcore boxes (its inclusive corners + 1)."""
+    ratios = np.asarray(aspect_ratios, dtype=np.float64)
+    if (ratios <= 0).any() or any(s <= 0 for s in sizes):
+        raise ValueError(f"anchor sizes and aspect ratios must be positive, got {list(sizes)}, {list(aspect_ratios)}")
+    widths = np.round(np.sqrt(stride * stride / ratios))
+    heights = np.round(widths * ratios)
+    anchors = []
+    for w, h in zip(widths, heights):
+        for size in sizes:
+            half_w, half_h = w * size / stride / 2, h * size / stride / 2
+            anchors.append([-half_w, -half_h, half_w, half_h])
+    return torch.tensor(anchors, dtype=torch.float64).to(torch.float32)
+
+
 @ANCHOR_GENERATOR_REGISTRY.register()
 class DefaultAnchorGenerator(nn.Module):
     """Args:
@@ -86,6 +110,8 @@ class DefaultAnchorGenerator(nn.Module):
         round_cell_anchors: round the cell anchors' corners to integers (torchvision).
         strides_from_image_size: per level and axis, use ``padded image size // feature map
             size`` as the stride (torchvision); ``forward`` then needs ``image_size``.
+        detectron_cell_anchors: Detectron's rounded, ratio-major cell anchors (see
+            `generate_detectron_cell_anchors`; use with ``offset=0.5``).
     """
 
     def __init__(
@@ -96,8 +122,14 @@ class DefaultAnchorGenerator(nn.Module):
         offset: float = 0.0,
         round_cell_anchors: bool = False,
         strides_from_image_size: bool = False,
+        detectron_cell_anchors: bool = False,
     ):
         super().__init__()
+        if round_cell_anchors and detectron_cell_anchors:
+            raise ValueError(
+                "DefaultAnchorGenerator: round_cell_anchors (torchvision) and detectron_cell_anchors (Detectron) "
+                "are two different roundings; choose one"
+            )
         strides = [int(s) for s in strides]
         if len(strides) == 0 or any(s <= 0 for s in strides):
             raise ValueError(f"DefaultAnchorGenerator: strides must be positive ints, one per level, got {strides}")
@@ -110,10 +142,14 @@ class DefaultAnchorGenerator(nn.Module):
         self.aspect_ratios = _per_level(aspect_ratios, self.num_levels, "aspect_ratios")
         self.round_cell_anchors = bool(round_cell_anchors)
         self.strides_from_image_size = bool(strides_from_image_size)
+        self.detectron_cell_anchors = bool(detectron_cell_anchors)
         # Non-persistent buffers: they follow .to(device) but stay out of checkpoints
         # (they are a pure function of the constructor arguments).
         for i, (s, r) in enumerate(zip(self.sizes, self.aspect_ratios)):
-            cell = generate_cell_anchors(s, r, round_corners=self.round_cell_anchors)
+            if self.detectron_cell_anchors:
+                cell = generate_detectron_cell_anchors(self.strides[i], s, r)
+            else:
+                cell = generate_cell_anchors(s, r, round_corners=self.round_cell_anchors)
             self.register_buffer(f"cell_anchors_{i}", cell, persistent=False)
 
     @classmethod
@@ -126,6 +162,7 @@ class DefaultAnchorGenerator(nn.Module):
             "offset": anchors.OFFSET,
             "round_cell_anchors": anchors.ROUND_CELL_ANCHORS,
             "strides_from_image_size": anchors.STRIDES_FROM_IMAGE_SIZE,
+            "detectron_cell_anchors": anchors.DETECTRON_CELL_ANCHORS,
         }
 
     @property
@@ -191,6 +228,8 @@ class DefaultAnchorGenerator(nn.Module):
             extra += ", round_cell_anchors=True"
         if self.strides_from_image_size:
             extra += ", strides_from_image_size=True"
+        if self.detectron_cell_anchors:
+            extra += ", detectron_cell_anchors=True"
         return (
             f"sizes={self.sizes}, aspect_ratios={self.aspect_ratios}, strides={self.strides}, "
             f"offset={self.offset}{extra}"

@@ -1,5 +1,15 @@
 """Data types passed around the model: boxes, padded image batches, masks, per-image instances."""
-from .boxes import Boxes, pairwise_intersection, pairwise_ioa, pairwise_iou, xywh_to_xyxy, xyxy_to_xywh
+from .boxes import (
+    Boxes,
+    clip_limits,
+    from_legacy_plus_one,
+    pairwise_intersection,
+    pairwise_ioa,
+    pairwise_iou,
+    to_legacy_plus_one,
+    xywh_to_xyxy,
+    xyxy_to_xywh,
+)
 from .image_list import ImageList
 from .instances import Instances
 from .mask_paste import paste_masks_in_image
@@ -7,6 +17,9 @@ from .masks import BitMasks, PolygonMasks, polygons_to_bitmask
 
 __all__ = [
     "Boxes",
+    "clip_limits",
+    "from_legacy_plus_one",
+    "to_legacy_plus_one",
     "pairwise_intersection",
     "pairwise_iou",
     "pairwise_ioa",

@@ -1,4 +1,4 @@
-"""Format detection and key renaming, checked against the published parameter names of
+"""Key renaming (format detection: test_layouts.py), checked against the published parameter names of
 detectron2's, torchvision's and caffe2's models (written out here, independently of the code)."""
 import pickle
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from detcore.checkpoint import convert_keys, detect_format, load_converted_state_dict
+from detcore.checkpoint import convert_keys, load_converted_state_dict
 from detcore.config import get_cfg
 from detcore.modeling import build_model
 
@@ -43,21 +43,6 @@ def d2_c4_model():
 def numbered_arrays(shapes):
     """Each tensor filled with its own index, so a misplaced one is visible."""
     return {name: np.full(shape, i, dtype=np.float32) for i, (name, shape) in enumerate(shapes.items())}
-
-
-# --- detection of formats ----------------------------------------------------------------------
-def test_detect_format_by_content():
-    assert detect_format(detectron2_mask_rcnn_r50_fpn_shapes()) == "detectron2"
-    assert detect_format(torchvision_maskrcnn_v1_shapes()) == "torchvision-detection"
-    assert detect_format(caffe2_resnet50_shapes()) == "caffe2-resnet"
-    assert detect_format(["conv1.weight", "bn1.weight", "layer1.0.conv1.weight", "fc.weight"]) == "torchvision-resnet"
-    assert detect_format(["module.pre.conv1.weight", "module.pre.layer1.0.conv1.weight"]) == "torchvision-resnet"
-    assert detect_format(["backbone.bottom_up.stem.bn1.weight", "roi_heads.box_head.fc1.weight"]) == "detcore"
-    assert detect_format(["module.backbone.bottom_up.res2.0.downsample.0.weight"]) == "detcore"
-    # detectron2 backbone-only (their torchvision / MSRA conversions): stem.conv1.norm, no prefix.
-    assert detect_format(["stem.conv1.weight", "stem.conv1.norm.weight", "res2.0.shortcut.weight"]) == "detectron2"
-    with pytest.raises(ValueError, match="cannot tell the checkpoint format.*encoder.layer"):
-        detect_format(["encoder.layer.0.attention.weight", "pooler.dense.bias"])
 
 
 # --- detectron2 ---------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ class GeneralizedRCNN(DetectorBase):
         paste_mode: str = "aligned",
         size_divisibility: int = 0,
         channels_last: bool = False,
+        legacy_plus_one: bool = False,
     ):
         super().__init__(
             backbone=backbone,
@@ -49,6 +50,7 @@ class GeneralizedRCNN(DetectorBase):
         )
         self.mask_threshold = mask_threshold
         self.paste_mode = paste_mode
+        self.legacy_plus_one = bool(legacy_plus_one)
 
     @classmethod
     def from_config(cls, cfg):
@@ -65,6 +67,7 @@ class GeneralizedRCNN(DetectorBase):
             "paste_mode": cfg.MODEL.ROI_MASK_HEAD.PASTE_MODE,
             "size_divisibility": cfg.INPUT.SIZE_DIVISIBILITY,
             "channels_last": cfg.MODEL.CHANNELS_LAST,
+            "legacy_plus_one": cfg.MODEL.BOX_LEGACY_PLUS_ONE,
         }
 
     def forward(self, batched_inputs: List[Dict]):
@@ -94,7 +97,11 @@ class GeneralizedRCNN(DetectorBase):
             height = x.get("height", result.image_size[0])
             width = x.get("width", result.image_size[1])
             processed.append(
-                {"instances": detector_postprocess(result, height, width, self.mask_threshold, self.paste_mode)}
+                {
+                    "instances": detector_postprocess(
+                        result, height, width, self.mask_threshold, self.paste_mode, self.legacy_plus_one
+                    )
+                }
             )
         return processed
 

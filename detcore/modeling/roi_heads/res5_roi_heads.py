@@ -128,6 +128,7 @@ class Res5ROIHeads(ROIHeads):
                 scales=(1.0 / feature.stride,),
                 sampling_ratio=box.POOLER_SAMPLING_RATIO,
                 aligned=box.POOLER_ALIGNED,
+                legacy_plus_one=cfg.MODEL.BOX_LEGACY_PLUS_ONE,
             ),
             "res5": res5,
             "box_predictor": build_box_predictor(cfg, ShapeSpec(channels=out_channels)),

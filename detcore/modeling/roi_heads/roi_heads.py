@@ -68,9 +68,10 @@ def select_foreground_proposals(proposals: List[Instances], bg_label: int) -> Li
     return fg
 
 
-def _pooler_from_config(head_cfg, scales, roi_heads_cfg) -> ROIPooler:
+def _pooler_from_config(head_cfg, scales, roi_heads_cfg, legacy_plus_one: bool = False) -> ROIPooler:
     """The pooler of one head (MODEL.ROI_BOX_HEAD or MODEL.ROI_MASK_HEAD): its resolution,
-    sampling and alignment, with the level mapping shared by all heads (MODEL.ROI_HEADS)."""
+    sampling and alignment, with the level mapping shared by all heads (MODEL.ROI_HEADS) and the
+    box convention of the model (MODEL.BOX_LEGACY_PLUS_ONE)."""
     return ROIPooler(
         output_size=head_cfg.POOLER_RESOLUTION,
         scales=scales,
@@ -79,6 +80,7 @@ def _pooler_from_config(head_cfg, scales, roi_heads_cfg) -> ROIPooler:
         canonical_box_size=roi_heads_cfg.CANONICAL_BOX_SIZE,
         canonical_level=roi_heads_cfg.CANONICAL_LEVEL,
         level_mapper=roi_heads_cfg.LEVEL_MAPPER,
+        legacy_plus_one=legacy_plus_one,
     )
 
 
@@ -240,7 +242,7 @@ class StandardROIHeads(ROIHeads):
 
         box = cfg.MODEL.ROI_BOX_HEAD
         res = box.POOLER_RESOLUTION
-        box_pooler = _pooler_from_config(box, scales, roi)
+        box_pooler = _pooler_from_config(box, scales, roi, cfg.MODEL.BOX_LEGACY_PLUS_ONE)
         box_head = build_box_head(cfg, ShapeSpec(channels=in_channels, height=res, width=res))
         kwargs = super().from_config(cfg, input_shape)
         kwargs.update({
@@ -253,7 +255,7 @@ class StandardROIHeads(ROIHeads):
             mask = cfg.MODEL.ROI_MASK_HEAD
             res = mask.POOLER_RESOLUTION
             kwargs["mask_in_features"] = in_features
-            kwargs["mask_pooler"] = _pooler_from_config(mask, scales, roi)
+            kwargs["mask_pooler"] = _pooler_from_config(mask, scales, roi, cfg.MODEL.BOX_LEGACY_PLUS_ONE)
             kwargs["mask_head"] = build_mask_head(cfg, ShapeSpec(channels=in_channels, height=res, width=res))
         return kwargs
 
