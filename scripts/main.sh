@@ -8,17 +8,21 @@
 #   bash scripts/main.sh                              # the full recipe of the config
 #   bash scripts/main.sh SOLVER.MAX_ITER 200          # KEY VALUE config overrides (training and demo)
 #   CONFIG=configs/e2e_mask_rcnn_R_34_FPN_shapes.yaml bash scripts/main.sh   # -> output/shapes_R34
+#   CONFIG=configs/retinanet_R_18_FPN_shapes.yaml bash scripts/main.sh       # -> output/shapes_retinanet_R18
 #
-# Environment: CONFIG (the yaml), OUTPUT (the folder; default output/shapes_R18 / _R34), NUM_DEMO
+# Environment: CONFIG (the yaml), OUTPUT (the folder; default output/shapes_R18 / _R34 /
+# shapes_retinanet_R18), NUM_DEMO
 # (pictures to draw, default 8), SKIP_SETUP=1 (skip scripts/setup_env.sh), PYTHON.
 # --resume is passed to training, so re-running after an interruption continues the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 CONFIG=${CONFIG:-configs/e2e_mask_rcnn_R_18_FPN_shapes.yaml}
-# Default folder named after the body: ..._R_18_FPN_shapes.yaml -> output/shapes_R18.
+# Default folder named after the body: ..._R_18_FPN_shapes.yaml -> output/shapes_R18, and
+# RetinaNet's after its architecture too: retinanet_R_18_FPN_shapes.yaml -> output/shapes_retinanet_R18.
 BODY=$(basename "$CONFIG" .yaml | sed -n 's/.*_R_\([0-9]*\)_.*/R\1/p')
-OUTPUT=${OUTPUT:-output/shapes_${BODY:-run}}
+ARCH=$(basename "$CONFIG" .yaml | sed -n 's/^\(retinanet\)_.*/\1_/p')
+OUTPUT=${OUTPUT:-output/shapes_${ARCH}${BODY:-run}}
 NUM_DEMO=${NUM_DEMO:-8}
 start=$(date +%s)
 # OpenMP threads that sleep when idle instead of spinning: with the data-loading worker (and
@@ -50,7 +54,7 @@ PY
 
 echo "== Done in $(( $(date +%s) - start )) s. Everything is in $(cd "$OUTPUT" && pwd):"
 echo "   model_final.pth        trained weights (+ optimizer/schedule state; last_checkpoint points to it)"
-echo "   inference/*/           predictions and coco_eval_metrics.json (box / mask AP)"
+echo "   inference/*/           predictions and coco_eval_metrics.json (box AP, and mask AP for Mask R-CNN)"
 echo "   metrics.json           losses, LR and timings per logged iteration, and the AP"
 echo "   loss_curves.png        the loss and LR curves"
 echo "   demo/*.png             validation images with the detections drawn"

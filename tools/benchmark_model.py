@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark detcore's Mask R-CNN R50-FPN against torchvision's, in the same run.
+"""Benchmark detcore's Mask R-CNN or RetinaNet R50-FPN against torchvision's, in the same run.
 
 Both models get the same image(s), the same thread count and random weights (no download):
 
@@ -17,7 +17,12 @@ Both models get the same image(s), the same thread count and random weights (no 
 
 Random weights detect differently in the two models, so the work is fixed instead: score
 threshold 0, the same number of proposals (1000 per image) and of detections per image (100), so
-both paste 100 masks; the reported detection counts show it held. Training uses SGD with lr 0 so
+both paste 100 masks; the reported detection counts show it held. RetinaNet (``--model
+retinanet``): torchvision's ``retinanet_resnet50_fpn`` against detcore's preset of the same model
+(configs/torchvision/retinanet_R_50_FPN.yaml: P6/P7 from P5, the same anchors), score threshold 0,
+so every level's top 1000 (anchor, class) pairs are decoded and go to the NMS on both sides, and
+100 detections per image; its stages are the head (anchors, class and box towers on P3-P7) and
+detect (per level top-k, decoding, NMS). Training uses SGD with lr 0 so
 that every repeat sees the same weights (the update is computed all the same).
 
 torchvision's ``maskrcnn_resnet50_fpn(weights=None, weights_backbone=None)`` silently switches to
@@ -30,6 +35,7 @@ trainable_layers=3)`` + ``MaskRCNN`` -- exactly what the builder does for a pret
     python tools/benchmark_model.py --device cuda --repeats 20
     python tools/benchmark_model.py --quick MODEL.CHANNELS_LAST True   # detcore config overrides
     python tools/benchmark_model.py --train-repeats 0                  # inference only
+    python tools/benchmark_model.py --model retinanet                  # RetinaNet vs retinanet_resnet50_fpn
     python tools/benchmark_model.py --precision bfloat16   # + detcore in bfloat16 (inference and AMP step)
 
 With ``--precision bfloat16`` a third model joins the same run: detcore's, with the same random
@@ -38,7 +44,7 @@ time over detcore's float32 time is printed as bf16/fp32. That pays only on CPUs
 bfloat16 (`python -m detcore.utils.collect_env` says which; the table's header repeats it).
 
 Results are printed as a table (ratio = torchvision time / detcore time: above 1, detcore is
-faster) and saved to benchmark_results/model_<device>.json.
+faster) and saved to benchmark_results/model_<device>.json (model_retinanet_<device>.json).
 """
 import argparse
 import json
@@ -59,7 +65,7 @@ from detcore.utils.collect_env import cpu_name  # noqa: E402
 from detcore.utils import strict_json  # noqa: E402
 from detcore.config.choices import INFERENCE_PRECISIONS  # noqa: E402
 from detcore.utils.precision import cpu_bfloat16_summary  # noqa: E402
-from model_benchmark_workloads import NUM_GT, RUNNERS, STAGES, worker  # noqa: E402
+from model_benchmark_workloads import CONFIGS, NUM_GT, RUNNERS, STAGES, worker  # noqa: E402
 
 
 # --- driver -------------------------------------------------------------------------------------------
@@ -71,7 +77,8 @@ def phases(args):
 def start_worker(args, frameworks, phase):
     cmd = [
         sys.executable, os.path.abspath(__file__), "--worker", "--frameworks", ",".join(frameworks),
-        "--phase", phase, "--device", args.device, "--threads", str(args.threads), "--config", args.config,
+        "--phase", phase, "--model", args.model, "--device", args.device, "--threads", str(args.threads),
+        "--config", args.config,
         "--height", str(args.height), "--width", str(args.width), "--repeats", str(args.repeats),
         "--train-repeats", str(args.train_repeats), "--warmup", str(args.warmup),
         "--detections", str(args.detections), "--proposals", str(args.proposals), "--roi-batch", str(args.roi_batch),
@@ -115,7 +122,7 @@ def ratio_columns(results):
 def print_table(results, args):
     names = [name for name in RUNNERS if name in results]
     unit = "MiB (CUDA max allocated)" if args.device == "cuda" else "MiB (peak RSS)"
-    rows = [("inference " + s, f"infer.{s}_ms", "ms") for s in STAGES]
+    rows = [("inference " + s, f"infer.{s}_ms", "ms") for s in STAGES[args.model]]
     rows += [
         ("inference total", "infer.total_ms", "ms"),
         ("train step forward (2 img)", "train.forward_ms", "ms"),
@@ -135,7 +142,8 @@ def print_table(results, args):
     medians = " / ".join(
         f"{n} ({what})" for n, what in ((args.repeats, "inference"), (args.train_repeats, "train")) if n > 0
     )
-    print(f"\nMask R-CNN R50-FPN, {args.height}x{args.width}, device {args.device}, {args.threads} thread(s), "
+    name = {"mask_rcnn": "Mask R-CNN", "retinanet": "RetinaNet"}[args.model]
+    print(f"\n{name} R50-FPN, {args.height}x{args.width}, device {args.device}, {args.threads} thread(s), "
           f"median of {medians} runs")
     print(f"detcore config: {os.path.relpath(args.config, ROOT)}")
     if args.opts:
@@ -163,7 +171,8 @@ def print_table(results, args):
         facts = []
         if "infer" in res:
             i = res["infer"]
-            facts.append(f"{i['proposals_per_image']} proposals and {i['detections_per_image']} detections per image")
+            first = "anchors" if args.model == "retinanet" else "proposals"
+            facts.append(f"{i[first + '_per_image']} {first} and {i['detections_per_image']} detections per image")
             # Conv / matmul work at the measured speed: the same GFLOP on both sides, so the
             # rest of the time is where the frameworks can differ.
             facts.append(f"{i['gflop']:.0f} GFLOP of conv/matmul per inference, "
@@ -171,17 +180,23 @@ def print_table(results, args):
         if "train" in res:
             facts.append(f"{res['train']['trainable_params']:,} trainable parameters")
         print(f"{LABELS[name]}: {'; '.join(facts)}")
-    print("Work is fixed, not learned: random weights, score threshold 0, "
-          f"{args.proposals} proposals and {args.detections} detections per image on both; "
-          "train step = forward + backward + SGD (lr 0) on 2 images with "
-          f"{NUM_GT} objects each, {args.roi_batch} sampled ROIs per image, FrozenBN, 3 trainable backbone "
+    if args.model == "retinanet":
+        work = (f"the top 1000 (anchor, class) pairs of each level decoded and {args.detections} detections per "
+                "image on both; train step = forward + backward + SGD (lr 0) on 2 images with "
+                f"{NUM_GT} objects each, focal loss over all anchors")
+    else:
+        work = (f"{args.proposals} proposals and {args.detections} detections per image on both; "
+                f"train step = forward + backward + SGD (lr 0) on 2 images with {NUM_GT} objects each, "
+                f"{args.roi_batch} sampled ROIs per image")
+    print(f"Work is fixed, not learned: random weights, score threshold 0, {work}, FrozenBN, 3 trainable backbone "
           "stages on both.")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--config", default=os.path.join(ROOT, "configs", "e2e_mask_rcnn_R_50_FPN_1x.yaml"))
+    parser.add_argument("--model", default="mask_rcnn", choices=sorted(CONFIGS), help="which detector to compare")
+    parser.add_argument("--config", default=None, help="detcore's config (default: the one matching --model's torchvision model)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--height", type=int, default=800)
     parser.add_argument("--width", type=int, default=1333)
@@ -216,7 +231,7 @@ def main():
     )
     # Intermixed: options may come after the KEY VALUE overrides too.
     args = parser.parse_intermixed_args()
-    args.config = os.path.abspath(args.config)
+    args.config = os.path.abspath(args.config or os.path.join(ROOT, CONFIGS[args.model]))
     args.frameworks = args.frameworks.split(",")
     if len(args.opts) % 2:
         parser.error(f"config overrides come in KEY VALUE pairs, got an odd count ({len(args.opts)}): {args.opts}")
@@ -266,6 +281,7 @@ def main():
 
     record = {
         "benchmark": "model",
+        "model": args.model,
         "device": args.device,
         "device_name": torch.cuda.get_device_name() if args.device == "cuda" else cpu_name(),
         "cpu_bfloat16": cpu_bfloat16_summary(),
@@ -294,8 +310,9 @@ def main():
         },
         "results": results,
     }
+    stem = "model" if args.model == "mask_rcnn" else f"model_{args.model}"
     suffix = ("_bfloat16" if args.precision == "bfloat16" else "") + ("_quick" if args.quick else "")
-    path = args.output or os.path.join(ROOT, "benchmark_results", f"model_{args.device}{suffix}.json")
+    path = args.output or os.path.join(ROOT, "benchmark_results", f"{stem}_{args.device}{suffix}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(strict_json.dumps(record, indent=2))

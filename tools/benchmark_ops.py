@@ -2,30 +2,45 @@
 """Benchmark detcore's NMS, ROIAlign, ROIPool, deformable convolution and sigmoid focal loss side by side with torchvision's, in the same process.
 
 Every case runs both libraries on the same seeded inputs, checks once that they agree (same NMS
-indices; ROIAlign outputs and gradients allclose; ROIPool outputs and gradients equal) and reports median times. A speedup above 1
-means detcore is faster. Without torchvision only detcore's times are printed.
+indices; ROIAlign outputs and gradients allclose; ROIPool outputs and gradients equal) and
+reports median times, the two libraries' calls interleaved. A speedup above 1 means detcore is
+faster. Without torchvision only detcore's times are printed.
 
     python tools/benchmark_ops.py                      # CPU, full cases
     python tools/benchmark_ops.py --device cuda --repeats 50
     python tools/benchmark_ops.py --quick              # a smoke run of a few seconds
     python tools/benchmark_ops.py --only deform_conv2d # the cases whose name contains this
+    python tools/benchmark_ops.py --background-load 2  # also a column with 2 busy processes beside
+    python tools/benchmark_ops.py --baseline DIR       # also detcore from DIR (an older build), interleaved
+    python tools/benchmark_ops.py --worst-cases        # NMS of 1e5 and 1e6 boxes, clustered and spread
+
+--background-load N starts N busy processes (`while True: pass`) for the "loaded" measurement
+of each case and stops them after it (--background-nice 19 runs them at the lowest priority).
+--baseline DIR runs the same cases with the detcore of DIR (a checkout whose detcore/_C was
+built from older sources) in a second process, one call at a time between ours, and checks
+that its results have the same bits as ours.
 """
 import argparse
 import os
 import platform
-import statistics
+import signal
 import sys
-import time
 
 import torch
 
-# Runnable as `python tools/benchmark_ops.py` from a checkout, without installing detcore.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Runnable as `python tools/benchmark_ops.py` from a checkout, without installing detcore. The
+# baseline worker imports detcore from the checkout in DETCORE_BENCHMARK_ROOT instead.
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.environ.get("DETCORE_BENCHMARK_ROOT") or os.path.dirname(TOOLS))
+sys.path.insert(1, TOOLS)
 
 import detcore  # noqa: E402
 from detcore.layers import batched_nms, deform_conv2d, nms, roi_align, roi_pool, sigmoid_focal_loss  # noqa: E402
 from detcore.utils.collect_env import cpu_name  # noqa: E402
 from detcore.utils import strict_json  # noqa: E402
+from background_load import BackgroundLoad  # noqa: E402
+import benchmark_worker  # noqa: E402
+from benchmark_runner import Runner, print_table  # noqa: E402
 
 try:
     import torchvision
@@ -50,42 +65,18 @@ def random_scores(n, gen):
     return (torch.randperm(n, generator=gen).float() + 0.5) / n
 
 
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_ms(fn, repeats, device, warmup=2):
-    """Median wall time of fn() in milliseconds, after `warmup` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
-
-
-def timed_call(fn, device):
-    synchronize(device)
-    start = time.perf_counter()
-    result = fn()
-    synchronize(device)
-    return result, (time.perf_counter() - start) * 1000
-
-
 class Case:
-    """One benchmark row: two callables on the same inputs and a check that their results agree."""
+    """One benchmark row: two callables on the same inputs and a check that their results agree.
+    torchvision_in_worker: time torchvision in a worker process, killed at the time budget (its
+    call may take minutes and cannot be interrupted)."""
 
-    def __init__(self, name, detcore_fn, torchvision_fn, agree_fn, repeats):
+    def __init__(self, name, detcore_fn, torchvision_fn, agree_fn, repeats, torchvision_in_worker=False):
         self.name = name
         self.detcore_fn = detcore_fn
         self.torchvision_fn = torchvision_fn
         self.agree_fn = agree_fn
         self.repeats = repeats
+        self.torchvision_in_worker = torchvision_in_worker
 
 
 def _indices_agree(a, b):
@@ -121,6 +112,29 @@ def nms_cases(sizes, thresholds, device, repeats, gen):
                     tv_ops and (lambda b=boxes, s=scores, t=thr: tv_ops.nms(b, s, t)),
                     _indices_agree,
                     repeats if n < 100000 else max(3, repeats // 5),
+                )
+            )
+    return cases
+
+
+def nms_worst_cases(device, gen, iou_threshold=0.5):
+    """The cases that bound NMS's cost (issue 15): 1e5 and 1e6 boxes, clustered on the issue's
+    1000x1000 canvas (most are suppressed) or spread over a canvas of 300 px per sqrt(box), where
+    a box overlaps about one other (few are suppressed: a greedy NMS without spatial culling
+    compares every pair)."""
+    cases = []
+    for n in (100000, 1000000):
+        for layout, side in (("clustered", 1000.0), ("spread", 300.0 * n**0.5)):
+            boxes = random_boxes(n, gen, x_max=side, y_max=side).to(device)
+            scores = random_scores(n, gen).to(device)
+            cases.append(
+                Case(
+                    f"nms worst N={n} {layout} (canvas {side:.0f}) iou={iou_threshold}",
+                    lambda b=boxes, s=scores: nms(b, s, iou_threshold),
+                    tv_ops and (lambda b=boxes, s=scores: tv_ops.nms(b, s, iou_threshold)),
+                    _indices_agree,
+                    3,
+                    torchvision_in_worker=True,
                 )
             )
     return cases
@@ -321,8 +335,10 @@ def focal_loss_cases(anchors, classes, device, repeats, gen):
     return cases
 
 
-def build_cases(device, repeats, quick, seed=0):
+def build_cases(device, repeats, quick, worst_cases=False, seed=0):
     gen = torch.Generator().manual_seed(seed)
+    if worst_cases:
+        return nms_worst_cases(device, gen)
     if quick:
         return (
             nms_cases([1000, 5000], [0.5], device, repeats, gen)
@@ -346,62 +362,10 @@ def build_cases(device, repeats, quick, seed=0):
     )
 
 
-def run_case(case, device, tv_budget_s):
-    row = {"case": case.name, "repeats": case.repeats}
-    ours = case.detcore_fn()
-    row["detcore_ms"] = time_ms(case.detcore_fn, case.repeats, device)
-    row["torchvision_ms"] = None
-    row["speedup"] = None
-    row["agree"] = "n/a (no torchvision)"
-    if case.torchvision_fn is None:
-        return row
-    theirs, first_ms = timed_call(case.torchvision_fn, device)
-    row["agree"] = case.agree_fn(ours, theirs)
-    # One call already ran (for the check); time the rest only if it fits the budget.
-    if first_ms * (case.repeats + 2) > tv_budget_s * 1000:
-        row["torchvision_ms"] = "skipped"
-        row["note"] = (
-            f"one torchvision call took {first_ms:.0f} ms: its repeats exceed the "
-            f"{tv_budget_s:g} s budget"
-        )
-        return row
-    row["torchvision_ms"] = time_ms(case.torchvision_fn, case.repeats, device)
-    row["speedup"] = row["torchvision_ms"] / row["detcore_ms"]
-    return row
-
-
 def device_name(device):
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return cpu_name()
-
-
-def _fmt(value, digits=3):
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    return f"{value:.{digits}f}"
-
-
-def print_table(rows):
-    headers = ["case", "detcore ms", "torchvision ms", "speedup", "agree"]
-    table = [
-        [
-            r["case"],
-            _fmt(r["detcore_ms"]),
-            _fmt(r["torchvision_ms"]),
-            _fmt(r["speedup"], 2) + ("x" if isinstance(r["speedup"], float) else ""),
-            r["agree"],
-        ]
-        for r in rows
-    ]
-    widths = [max(len(str(x)) for x in col) for col in zip(headers, *table)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
-    print(line)
-    print("-" * len(line))
-    for r in table:
-        print("  ".join([r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]))
 
 
 def parse_args(argv=None):
@@ -415,7 +379,16 @@ def parse_args(argv=None):
     )
     parser.add_argument("--quick", action="store_true", help="a few small cases, for a smoke test")
     parser.add_argument(
-        "--only", default=None, help="run only the cases whose name contains this text (e.g. roi_pool)"
+        "--worst-cases",
+        action="store_true",
+        help="instead of the usual cases: NMS of 1e5 and 1e6 boxes, clustered and spread "
+        "(torchvision runs in a worker process, stopped at --tv-budget-s)",
+    )
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="run only the cases whose name contains this text or one of these comma-separated "
+        "texts (e.g. nms,roi_align)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument(
@@ -424,7 +397,52 @@ def parse_args(argv=None):
         default=60.0,
         help="skip timing torchvision for a case when its calls would take longer than this",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure every case with N busy processes beside it (one per core: N = nproc)",
+    )
+    parser.add_argument(
+        "--background-nice",
+        type=int,
+        default=0,
+        metavar="K",
+        help="niceness 0..19 of the busy processes (19: niced background work)",
+    )
+    parser.add_argument(
+        "--skip-quiet", action="store_true", help="with --background-load: the loaded column only"
+    )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        metavar="DIR",
+        help="also time the detcore of the checkout DIR (its _C built), interleaved, in a worker",
+    )
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the worker's side
+    args = parser.parse_args(argv)
+    if args.background_load < 0:
+        parser.error("--background-load must be >= 0")
+    if not 0 <= args.background_nice <= 19:
+        parser.error("--background-nice must be in 0..19")
+    if args.skip_quiet and not args.background_load:
+        parser.error("--skip-quiet needs --background-load N")
+    if args.baseline and not os.path.isdir(os.path.join(args.baseline, "detcore")):
+        parser.error(f"--baseline {args.baseline}: no detcore package in that folder")
+    return args
+
+
+def _selected_cases(args, device, repeats):
+    cases = build_cases(device, repeats, args.quick, args.worst_cases)
+    if args.only:
+        wanted = args.only.split(",")
+        cases = [c for c in cases if any(w in c.name for w in wanted)]
+    return cases
+
+
+def _raise_system_exit(signum, frame):
+    sys.exit(128 + signum)  # unwinds the with-blocks, so the busy processes are stopped
 
 
 def main(argv=None):
@@ -435,17 +453,43 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     repeats = args.repeats or (3 if args.quick else 20)
+    if args.serve:
+        benchmark_worker.serve(_selected_cases(args, device, repeats))
+        return 0
+    signal.signal(signal.SIGTERM, _raise_system_exit)
     json_path = args.json or os.path.join("benchmark_results", f"ops_{args.device}.json")
+
+    worker_args = ["--device", args.device, "--threads", str(torch.get_num_threads()), "--repeats", str(repeats)]
+    worker_args += ["--quick"] * args.quick + ["--worst-cases"] * args.worst_cases
+    worker_args += ["--only", args.only] if args.only else []
+    script = os.path.abspath(__file__)
+    own_root = os.path.dirname(TOOLS)
+    baseline = benchmark_worker.Worker(script, worker_args, args.baseline) if args.baseline else None
+    runner = Runner(
+        device,
+        args.tv_budget_s,
+        baseline,
+        make_tv_worker=lambda: benchmark_worker.Worker(script, worker_args, own_root),
+    )
+    loads = [] if args.skip_quiet else [("quiet", None)]
+    if args.background_load:
+        loads.append(("loaded", BackgroundLoad(args.background_load, args.background_nice)))
+    phases = [name for name, _ in loads]
 
     info = {
         "torch": torch.__version__,
         "torchvision": torchvision.__version__ if torchvision else None,
         "detcore": detcore.__version__,
+        "detcore_path": os.path.dirname(detcore.__file__),
+        "baseline_path": baseline.detcore_path if baseline else None,
         "device": args.device,
         "device_name": device_name(device),
         "threads": torch.get_num_threads(),
         "repeats": repeats,
         "quick": args.quick,
+        "background_load": args.background_load,
+        "background_nice": args.background_nice,
+        "loadavg_at_start": list(os.getloadavg()),
         "python": platform.python_version(),
     }
     print(", ".join(f"{k}={v}" for k, v in info.items()))
@@ -453,25 +497,29 @@ def main(argv=None):
         print("torchvision is not importable: printing detcore times only")
 
     rows = []
-    cases = build_cases(device, repeats, args.quick)
-    if args.only:
-        cases = [c for c in cases if args.only in c.name]
-    for case in cases:
-        rows.append(run_case(case, device, args.tv_budget_s))
-        print(f"  done: {case.name}", file=sys.stderr)
+    try:
+        for case in _selected_cases(args, device, repeats):
+            rows.append(runner.run(case, loads))
+            print(f"  done: {case.name}", file=sys.stderr)
+    finally:
+        runner.close()
     print()
-    print_table(rows)
+    print_table(rows, phases, baseline is not None)
 
     folder = os.path.dirname(json_path)
     if folder:
         os.makedirs(folder, exist_ok=True)
     with open(json_path, "w") as f:
-        f.write(strict_json.dumps({**info, "results": rows}, indent=2))
+        f.write(strict_json.dumps({**info, "phases": phases, "results": rows}, indent=2))
     print(f"\nwrote {json_path}")
+    status = 0
     if any(r["agree"].startswith("NO") for r in rows):
         print("WARNING: detcore and torchvision disagree on some cases (see 'agree')")
-        return 1
-    return 0
+        status = 1
+    if any(r.get("same_bits_as_baseline") == "NO" for r in rows):
+        print("WARNING: detcore and the baseline build give different bits on some cases")
+        status = 1
+    return status
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
 #!/usr/bin/env python
-"""Convert a torchvision / detectron2 / caffe2 / ImageNet checkpoint to a detcore checkpoint.
+"""Convert a torchvision / detectron2 / maskrcnn-benchmark / Detectron / ImageNet checkpoint to detcore.
 
     python tools/convert_checkpoint.py model_final_f10217.pkl out/d2_mask_rcnn.pth \\
         --config-file configs/detectron2/mask_rcnn_R_50_FPN_1x.yaml
     python tools/convert_checkpoint.py maskrcnn_resnet50_fpn_coco.pth out/tv.pth \\
         --config-file configs/torchvision/mask_rcnn_R_50_FPN.yaml
+    python tools/convert_checkpoint.py e2e_mask_rcnn_R_50_FPN_1x.pth out/mb.pth \\
+        --config-file configs/maskrcnn_benchmark/e2e_mask_rcnn_R_50_FPN_1x.yaml
     python tools/convert_checkpoint.py resnet50.pth out/R-50.pth        # names only, no model
 
-The format is recognized from the keys (or forced with --format). With --config-file the model
+The format is recognized strictly from the keys (detcore/checkpoint/layouts.py: a file no known
+layout fits is refused, naming the closest ones), or forced with --format. With --config-file the model
 it describes is built on the CPU and the output holds exactly what fits it, with a table of every
 key (mapped, missing, unexpected, shape mismatches, re-initialized predictors); without one every
 tensor is renamed. MODEL.WEIGHTS accepts the original files as well: converting first only saves

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Draw a model's detections (boxes, masks, class names, scores) on images, saved as PNGs.
+"""Draw a model's detections (boxes, masks, keypoints, class names, scores) on images, saved as PNGs.
 
     python tools/demo.py --config-file configs/e2e_mask_rcnn_R_18_FPN_shapes.yaml \
         --input imgs/ "more/*.jpg" one.png --output out/ MODEL.WEIGHTS model_final.pth
@@ -24,6 +24,10 @@ def parse_args():
     parser.add_argument("--input", required=True, nargs="+", help="image files, folders or glob patterns")
     parser.add_argument("--output", required=True, help="folder for the PNGs (created if missing)")
     parser.add_argument("--confidence-threshold", type=float, default=0.5, help="draw detections scoring at least this")
+    parser.add_argument(
+        "--keypoint-threshold", type=float, default=None,
+        help="draw predicted keypoints whose score (heatmap logit) is at least this (default: all)",
+    )
     parser.add_argument("--max-images", type=int, default=0, help="only the first N images (0: all)")
     parser.add_argument(
         "--picture-min-size", type=int, default=480, metavar="PIXELS",
@@ -67,9 +71,13 @@ def main():
     paths = collect_image_paths(args.input)
     if args.max_images > 0:
         paths = paths[: args.max_images]
-    class_names = MetadataCatalog.get(cfg.DATASETS.TEST[0]).get("thing_classes") if cfg.DATASETS.TEST else None
+    # Class names, and the keypoint names and skeleton to draw, from the test dataset's metadata.
+    meta = MetadataCatalog.get(cfg.DATASETS.TEST[0]) if cfg.DATASETS.TEST else None
+    get = (lambda key: meta.get(key)) if meta is not None else (lambda key: None)
     written = visualize_images(
-        Predictor(cfg), paths, args.output, class_names, args.confidence_threshold, args.picture_min_size
+        Predictor(cfg), paths, args.output, get("thing_classes"), args.confidence_threshold, args.picture_min_size,
+        keypoint_names=get("keypoint_names"), keypoint_skeleton=get("keypoint_skeleton"),
+        keypoint_threshold=args.keypoint_threshold,
     )
     print(f"Wrote {len(written)} picture(s) to {os.path.abspath(args.output)}")
 

@@ -1,10 +1,10 @@
 """What tools/benchmark_model.py measures, and the worker subprocess that measures it.
 
 The shared inputs (a smooth random image, polygon targets), detcore's and torchvision's Mask R-CNN
-R50-FPN behind one small interface (a runner per framework), the timed inference and training
-step, and the two kinds of worker: one that times every framework alternating run by run, one that
-takes the peak memory of a single (framework, phase). The entry script starts a worker as itself
-with ``--worker``; the method is documented there.
+or RetinaNet R50-FPN behind one small interface (a runner per framework), the timed inference and
+training step, and the two kinds of worker: one that times every framework alternating run by
+run, one that takes the peak memory of a single (framework, phase). The entry script starts a
+worker as itself with ``--worker``; the method is documented there.
 """
 import json
 import resource
@@ -16,7 +16,17 @@ import numpy as np
 import torch
 
 NUM_GT = 6  # objects per training image
-STAGES = ("preprocess", "backbone", "rpn", "roi_heads", "postprocess")
+# Inference stages per model, each timed on its own (the calls the models' forward makes).
+STAGES = {
+    "mask_rcnn": ("preprocess", "backbone", "rpn", "roi_heads", "postprocess"),
+    # head: anchors and the class / box towers on every level; detect: per level top-k, decoding, NMS.
+    "retinanet": ("preprocess", "backbone", "head", "detect", "postprocess"),
+}
+# detcore's config per model: the one that computes what torchvision's model computes.
+CONFIGS = {
+    "mask_rcnn": "configs/e2e_mask_rcnn_R_50_FPN_1x.yaml",
+    "retinanet": "configs/torchvision/retinanet_R_50_FPN.yaml",  # P6/P7 from P5, as torchvision's
+}
 
 
 # --- shared inputs ----------------------------------------------------------------------------------
@@ -51,18 +61,23 @@ def detcore_cfg(args):
 
     cfg = get_cfg()
     cfg.merge_from_file(args.config)
-    cfg.merge_from_list(
-        [
-            "MODEL.DEVICE", args.device,
-            "MODEL.WEIGHTS", "",
-            "MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0,
-            "TEST.DETECTIONS_PER_IMAGE", args.detections,
-            "MODEL.RPN.POST_NMS_TOPK_TEST", args.proposals,
-            "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", args.roi_batch,
-        ]
-    )
+    cfg.merge_from_list(["MODEL.DEVICE", args.device, "MODEL.WEIGHTS", "", "TEST.DETECTIONS_PER_IMAGE", args.detections])
+    if args.model == "retinanet":
+        cfg.merge_from_list(["MODEL.RETINANET.SCORE_THRESH_TEST", 0.0])
+    else:
+        cfg.merge_from_list(
+            [
+                "MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0,
+                "MODEL.RPN.POST_NMS_TOPK_TEST", args.proposals,
+                "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", args.roi_batch,
+            ]
+        )
     cfg.merge_from_list(list(args.opts))  # the command line's KEY VALUE pairs, last so that they win
     return cfg
+
+
+def num_classes(cfg):
+    return cfg.MODEL.RETINANET.NUM_CLASSES if cfg.MODEL.META_ARCHITECTURE == "RetinaNet" else cfg.MODEL.ROI_HEADS.NUM_CLASSES
 
 
 class DetcoreRunner:
@@ -81,13 +96,16 @@ class DetcoreRunner:
         torch.manual_seed(0)  # both precisions get the same random weights
         self.model = build_model(self.cfg)
         self.model.train(train)
-        self.num_classes = self.cfg.MODEL.ROI_HEADS.NUM_CLASSES
+        self.num_classes = num_classes(self.cfg)
+        self.retinanet = args.model == "retinanet"
 
     def inference_inputs(self, image):
         return [{"image": image.to(self.device), "height": image.shape[1], "width": image.shape[2]}]
 
     def stages(self, inputs):
-        """The model's inference, split into its stages (the same calls GeneralizedRCNN.inference makes)."""
+        """The model's inference, split into its stages (the same calls its inference makes)."""
+        if self.retinanet:
+            return self._retinanet_stages(inputs)
         m = self.model
         state = {}
 
@@ -106,19 +124,45 @@ class DetcoreRunner:
         def postprocess():
             state["output"] = m.postprocess(state["results"], inputs)
 
-        def in_precision(stage):
+        return state, self._in_precision(dict(zip(STAGES["mask_rcnn"], (preprocess, backbone, rpn, roi_heads, postprocess))))
+
+    def _in_precision(self, stages):
+        """Each stage run under the runner's precision, as Predictor and inference_on_dataset run the model."""
+
+        def wrap(stage):
             def run():
-                with self.autocast():  # as Predictor and inference_on_dataset run the model
+                with self.autocast():
                     stage()
 
             return run
 
-        stages = (preprocess, backbone, rpn, roi_heads, postprocess)
-        return state, {name: in_precision(stage) for name, stage in zip(STAGES, stages)}
+        return {name: wrap(stage) for name, stage in stages.items()}
 
-    @staticmethod
-    def counts(state):
-        return len(state["proposals"][0]), len(state["output"][0]["instances"])
+    def _retinanet_stages(self, inputs):
+        m = self.model
+        state = {}
+
+        def preprocess():
+            state["images"] = m.preprocess_image(inputs)
+
+        def backbone():
+            state["features"] = m.backbone(state["images"].tensor)
+
+        def head():
+            state["anchors"], state["logits"], state["deltas"] = m.predict(state["images"], state["features"])
+
+        def detect():
+            state["results"] = m.detect(state["images"], state["anchors"], state["logits"], state["deltas"])
+
+        def postprocess():
+            state["output"] = m.postprocess(state["results"], inputs)
+
+        return state, self._in_precision(dict(zip(STAGES["retinanet"], (preprocess, backbone, head, detect, postprocess))))
+
+    def counts(self, state):
+        """(proposals or anchors, detections) of the first image."""
+        first = sum(len(a) for a in state["anchors"]) if self.retinanet else len(state["proposals"][0])
+        return first, len(state["output"][0]["instances"])
 
     def train_inputs(self, images, targets):
         from detcore.structures import Boxes, Instances, PolygonMasks
@@ -153,27 +197,45 @@ class TorchvisionRunner:
     name = "torchvision"
 
     def __init__(self, args, train):
-        from torchvision.models.detection import MaskRCNN
-        from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+        from torchvision.models.detection import MaskRCNN, RetinaNet
+        from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor, resnet_fpn_backbone
+        from torchvision.models.resnet import resnet50
         from torchvision.ops import FrozenBatchNorm2d
+        from torchvision.ops.feature_pyramid_network import LastLevelP6P7
 
         cfg = detcore_cfg(args)  # the class count and input size follow detcore's config
         self.device = torch.device(args.device)
-        self.num_classes = cfg.MODEL.ROI_HEADS.NUM_CLASSES
+        self.num_classes = num_classes(cfg)
+        self.retinanet = args.model == "retinanet"
         h, w = args.height, args.width
-        backbone = resnet_fpn_backbone(
-            backbone_name="resnet50", weights=None, norm_layer=FrozenBatchNorm2d, trainable_layers=3
-        )
-        self.model = MaskRCNN(
-            backbone,
-            num_classes=self.num_classes + 1,  # + background
-            min_size=min(h, w),  # the image is already at its test size: no resizing
-            max_size=max(h, w),
-            box_score_thresh=0.0,
-            box_detections_per_img=args.detections,
-            rpn_post_nms_top_n_test=args.proposals,
-            box_batch_size_per_image=args.roi_batch,
-        ).to(self.device)
+        # min_size / max_size: the image is already at its test size, so no resizing.
+        if self.retinanet:
+            # What retinanet_resnet50_fpn builds for a pretrained body (FrozenBN, 3 trainable
+            # stages); with weights=None it would switch to BatchNorm and 5 stages.
+            body = resnet50(weights=None, norm_layer=FrozenBatchNorm2d)
+            backbone = _resnet_fpn_extractor(body, 3, returned_layers=[2, 3, 4], extra_blocks=LastLevelP6P7(256, 256))
+            self.model = RetinaNet(
+                backbone,
+                num_classes=self.num_classes + 1,  # + its "class 0"
+                min_size=min(h, w),
+                max_size=max(h, w),
+                score_thresh=0.0,
+                detections_per_img=args.detections,
+            ).to(self.device)
+        else:
+            backbone = resnet_fpn_backbone(
+                backbone_name="resnet50", weights=None, norm_layer=FrozenBatchNorm2d, trainable_layers=3
+            )
+            self.model = MaskRCNN(
+                backbone,
+                num_classes=self.num_classes + 1,  # + background
+                min_size=min(h, w),
+                max_size=max(h, w),
+                box_score_thresh=0.0,
+                box_detections_per_img=args.detections,
+                rpn_post_nms_top_n_test=args.proposals,
+                box_batch_size_per_image=args.roi_batch,
+            ).to(self.device)
         if args.torchvision_channels_last:
             # NHWC weights are enough: a conv with NHWC weights gives NHWC outputs, so the layout
             # spreads from the first conv on.
@@ -188,6 +250,8 @@ class TorchvisionRunner:
         return [self._to_rgb_float(image)]
 
     def stages(self, inputs):
+        if self.retinanet:
+            return self._retinanet_stages(inputs)
         m = self.model
         state = {}
         original_sizes = [tuple(img.shape[-2:]) for img in inputs]
@@ -207,11 +271,41 @@ class TorchvisionRunner:
         def postprocess():
             state["output"] = m.transform.postprocess(state["results"], state["images"].image_sizes, original_sizes)
 
-        return state, dict(zip(STAGES, (preprocess, backbone, rpn, roi_heads, postprocess)))
+        return state, dict(zip(STAGES["mask_rcnn"], (preprocess, backbone, rpn, roi_heads, postprocess)))
 
-    @staticmethod
-    def counts(state):
-        return len(state["proposals"][0]), len(state["output"][0]["boxes"])
+    def _retinanet_stages(self, inputs):
+        """RetinaNet.forward's eval path, stage by stage (its own calls, in its order)."""
+        m = self.model
+        state = {}
+        original_sizes = [tuple(img.shape[-2:]) for img in inputs]
+
+        def preprocess():
+            state["images"], _ = m.transform(inputs)
+
+        def backbone():
+            state["features"] = list(m.backbone(state["images"].tensors).values())
+
+        def head():
+            state["head_outputs"] = m.head(state["features"])
+            state["anchors"] = m.anchor_generator(state["images"], state["features"])
+
+        def detect():
+            features, head_outputs = state["features"], state["head_outputs"]
+            hw = [x.size(2) * x.size(3) for x in features]
+            a = head_outputs["cls_logits"].size(1) // sum(hw)
+            per_level = [n * a for n in hw]
+            split = {k: list(v.split(per_level, dim=1)) for k, v in head_outputs.items()}
+            anchors = [list(x.split(per_level)) for x in state["anchors"]]
+            state["results"] = m.postprocess_detections(split, anchors, state["images"].image_sizes)
+
+        def postprocess():
+            state["output"] = m.transform.postprocess(state["results"], state["images"].image_sizes, original_sizes)
+
+        return state, dict(zip(STAGES["retinanet"], (preprocess, backbone, head, detect, postprocess)))
+
+    def counts(self, state):
+        first = len(state["anchors"][0]) if self.retinanet else len(state["proposals"][0])
+        return first, len(state["output"][0]["boxes"])
 
     def train_inputs(self, images, targets):
         import cv2
@@ -219,6 +313,13 @@ class TorchvisionRunner:
         inputs, tv_targets = [], []
         for image, (boxes, polygons, classes) in zip(images, targets):
             h, w = image.shape[1:]
+            if self.retinanet:  # boxes only
+                inputs.append(self._to_rgb_float(image))
+                tv_targets.append({
+                    "boxes": torch.from_numpy(boxes).to(self.device),
+                    "labels": torch.from_numpy(classes + 1).long().to(self.device),
+                })
+                continue
             masks = np.zeros((len(polygons), h, w), dtype=np.uint8)
             for mask, poly in zip(masks, polygons):
                 # Rasterize the same polygons detcore gets (pixel centres inside -> 1).
@@ -330,7 +431,7 @@ def time_worker(args):
     loads = {w.runner.name: w for w in (Workload(RUNNERS[name](args, train=False), args) for name in args.frameworks)}
     result = {name: {} for name in loads}
     if args.repeats > 0:
-        infer = {name: {s: [] for s in STAGES + ("total",)} for name in loads}
+        infer = {name: {s: [] for s in STAGES[args.model] + ("total",)} for name in loads}
         counts = {}
         for it in range(args.warmup + args.repeats):
             for name, load in loads.items():
@@ -341,7 +442,8 @@ def time_worker(args):
                     infer[name]["total"].append(sum(times.values()))
         for name, load in loads.items():
             i = {f"{k}_ms": statistics.median(v) for k, v in infer[name].items()}
-            i["proposals_per_image"], i["detections_per_image"] = counts[name]
+            first = "anchors_per_image" if args.model == "retinanet" else "proposals_per_image"
+            i[first], i["detections_per_image"] = counts[name]
             i["gflop"] = inference_gflop(load)
             result[name]["infer"] = i
     if args.train_repeats > 0:

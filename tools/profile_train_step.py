@@ -7,7 +7,7 @@
 Builds the model, optimizer and training loader of the config (KEY VALUE overrides as in
 train_net.py), runs --warmup iterations untimed, then --iters timed ones, and prints the median
 seconds per iteration of each stage: waiting for data, the forward of each top-level part
-(backbone, proposal generator, ROI heads: box and mask branches), backward, optimizer step.
+(backbone, proposal generator, ROI heads: box, mask and keypoint branches), backward, optimizer step.
 With --ops N it also runs one more iteration under torch.profiler and prints the N operators
 with the most self CPU time (forward and backward), which is what says *why* a stage is slow.
 Nothing is written to disk; the model is trained for the iterations it runs, from scratch.
@@ -72,7 +72,7 @@ def main():
     _timed(model.proposal_generator, "forward: proposal generator", times)
     roi = model.roi_heads
     _timed(roi, "forward: roi heads (all)", times)
-    for part in ("box_pooler", "box_head", "box_predictor", "mask_pooler", "mask_head"):
+    for part in ("box_pooler", "box_head", "box_predictor", "mask_pooler", "mask_head", "keypoint_pooler", "keypoint_head"):
         if hasattr(roi, part):
             _timed(getattr(roi, part), f"  roi: {part}", times)
 

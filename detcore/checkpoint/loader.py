@@ -17,7 +17,8 @@ from torch import nn
 from detcore.modeling.backbone.resnet import BottleneckBlock
 
 from .io import read_checkpoint
-from .mappings import ConvertedCheckpoint, convert_keys
+from .layouts import convert_keys, layout
+from .mappings import ConvertedCheckpoint
 from .report import LoadReport
 
 __all__ = ["convert_state_dict", "load_converted_state_dict", "PREDICTOR_PREFIXES"]
@@ -27,6 +28,7 @@ PREDICTOR_PREFIXES = (
     "roi_heads.box_predictor.cls_score.",
     "roi_heads.box_predictor.bbox_pred.",
     "roi_heads.mask_head.predictor.",
+    "head.cls_score.",  # RetinaNet's classifier (its box deltas do not depend on the classes)
 )
 # Where backbone-only weights go when no model is given: the body of detcore's ResNet-FPN.
 _DEFAULT_BODY_PREFIX = "backbone.bottom_up."
@@ -43,8 +45,15 @@ def _body_prefix(model_keys) -> Optional[str]:
     return found[0] if found else None
 
 
-def _num_classes(cls_score_bias: Optional[torch.Tensor]) -> Optional[int]:
-    return None if cls_score_bias is None else int(cls_score_bias.shape[0]) - 1
+def _num_classes(state: Dict[str, torch.Tensor]) -> Optional[int]:
+    """The foreground classes a state dict (in detcore names) predicts: the R-CNN classifier's
+    rows less background, or RetinaNet's rows per anchor (anchors: its box rows / 4)."""
+    if PREDICTOR_PREFIXES[0] + "bias" in state:
+        return int(state[PREDICTOR_PREFIXES[0] + "bias"].shape[0]) - 1
+    if "head.cls_score.bias" in state and "head.bbox_pred.bias" in state:
+        num_anchors = int(state["head.bbox_pred.bias"].shape[0]) // 4
+        return int(state["head.cls_score.bias"].shape[0]) // max(num_anchors, 1)
+    return None
 
 
 def _stage_homes(model_keys, body_prefix: str) -> Dict[str, str]:
@@ -80,16 +89,12 @@ def _place(converted: ConvertedCheckpoint, prefix: str, stage_homes: Optional[Di
     return placed
 
 
-# What weights of a format were trained with: where bottlenecks stride, and the channel order.
-_STRIDE_IN_1X1 = {"torchvision-detection": False, "torchvision-resnet": False, "caffe2-resnet": True}
-_INPUT_FORMAT = {"torchvision-detection": "RGB", "torchvision-resnet": "RGB", "caffe2-resnet": "BGR"}
-
-
 def _setting_notes(fmt: str, model: nn.Module) -> list:
     """Warn about model settings that do not fit weights of this format (both give a model that
     runs, and quietly computes something else)."""
+    row = layout(fmt)
     notes = []
-    wanted = _STRIDE_IN_1X1.get(fmt)
+    wanted = row.stride_in_1x1
     for module in model.modules():
         # The first block of a downsampling stage shows where the stride sits.
         if wanted is not None and isinstance(module, BottleneckBlock) and module.downsample is not None:
@@ -102,12 +107,13 @@ def _setting_notes(fmt: str, model: nn.Module) -> list:
                     )
                 break
     input_format = getattr(model, "input_format", None)
-    wanted_format = _INPUT_FORMAT.get(fmt)
-    if input_format is not None and wanted_format is not None and input_format != wanted_format:
+    if input_format is not None and row.input_format is not None and input_format != row.input_format:
         notes.append(
-            f"{fmt} weights expect {wanted_format} images but the model takes {input_format} (INPUT.FORMAT); "
+            f"{fmt} weights expect {row.input_format} images but the model takes {input_format} (INPUT.FORMAT); "
             "check INPUT.FORMAT, MODEL.PIXEL_MEAN and MODEL.PIXEL_STD"
         )
+    if notes and row.presets:
+        notes.append(f"{' or '.join(row.presets)} runs {fmt} weights as their source does")
     return notes
 
 
@@ -168,15 +174,15 @@ def convert_state_dict(
     # Predictor layers of another class count are left to the model's initialization, all together.
     predictor = [n for n in tensors if n.startswith(PREDICTOR_PREFIXES) and n in model_state]
     if any(_shape(tensors[n]) != _shape(model_state[n]) for n in predictor):
-        ckpt_k = _num_classes(tensors.get(PREDICTOR_PREFIXES[0] + "bias"))
-        model_k = _num_classes(model_state.get(PREDICTOR_PREFIXES[0] + "bias"))
+        ckpt_k = _num_classes(tensors)
+        model_k = _num_classes(model_state)
         for n in predictor:
             report.reinitialized.append(
                 (converted.sources[n], n, _shape(tensors[n]), _shape(model_state[n]))
             )
         report.notes.append(
             f"the checkpoint predicts {ckpt_k} classes and the model {model_k}: its predictor layers "
-            "(cls_score, bbox_pred, mask predictor) keep their fresh initialization"
+            f"({', '.join(sorted({n.rsplit('.', 1)[0] for n in predictor}))}) keep their fresh initialization"
         )
         reinit = set(predictor)
     else:

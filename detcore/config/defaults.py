@@ -27,6 +27,8 @@ _C.MODEL.DEVICE = "cpu"
 _C.MODEL.WEIGHTS = ""
 # True: Mask R-CNN (box + mask heads); False: Faster R-CNN (boxes only).
 _C.MODEL.MASK_ON = False
+# True: Keypoint R-CNN (a keypoint head on the detections; with MASK_ON too, both heads).
+_C.MODEL.KEYPOINT_ON = False
 # Per-channel mean / std subtracted / divided from input pixels, in INPUT.FORMAT channel
 # order and 0-255 scale (these are the ImageNet statistics in BGR).
 _C.MODEL.PIXEL_MEAN = [103.530, 116.280, 123.675]
@@ -36,6 +38,13 @@ _C.MODEL.PIXEL_STD = [57.375, 57.120, 58.395]
 # R-50-FPN at 800x1333: inference 1.26x, train step 1.16x faster than NCHW; docs/benchmarks.md),
 # and GPU tensor cores prefer it too. Same results up to float rounding.
 _C.MODEL.CHANNELS_LAST = True
+# Reproduce Detectron's and maskrcnn-benchmark's "+1" pixel convention, for their weights: a box
+# [x1, x2] there covers x2 - x1 + 1 pixels (detcore's box is [x1, x2 + 1]). Box coding, IoU and NMS
+# give the same numbers either way; with True, so do the places where they part: boxes are clipped
+# to x1 <= w - 1 (x2 >= 1), ROIAlign gets (x1, y1, x2 - 1, y2 - 1) (with POOLER_ALIGNED False, as
+# theirs), masks are pasted into that box, and detections are scaled to the original image as
+# their corners are (x2 - 1 scaled, + 1), not clipped there.
+_C.MODEL.BOX_LEGACY_PLUS_ONE = False
 
 # ---------------------------------------------------------------------------------------------
 # Backbone: a ResNet body and an FPN on top
@@ -90,7 +99,9 @@ _C.MODEL.FPN.NORM = ""
 # How the top-down and lateral paths combine: "sum" or "avg".
 _C.MODEL.FPN.FUSE_TYPE = "sum"
 # Extra coarser levels: "maxpool" (p6 = stride-2 max pool of p5, for Mask R-CNN),
-# "p6p7" (p6, p7 from convs on C5, for RetinaNet), or "" / "none" (no extra level).
+# "p6p7" (p6, p7 from stride-2 convs on C5, RetinaNet as published and in detectron2),
+# "p6p7_from_p5" (the same convs on P5, torchvision's retinanet_resnet50_fpn), or "" / "none"
+# (no extra level).
 _C.MODEL.FPN.TOP_BLOCK = "maxpool"
 
 # ---------------------------------------------------------------------------------------------
@@ -110,6 +121,15 @@ _C.MODEL.ANCHOR_GENERATOR.ROUND_CELL_ANCHORS = False
 # Per level and axis, stride = padded image size // feature map size instead of the nominal
 # stride (torchvision: an 800 px high input gets stride 61 on its 13-row p6).
 _C.MODEL.ANCHOR_GENERATOR.STRIDES_FROM_IMAGE_SIZE = False
+# Detectron's generate_anchors (maskrcnn-benchmark, Detectron): a ratio's width and height are
+# rounded on a stride x stride box, then scaled to the size (ratio 0.5 of size 32 on stride 4:
+# 48 x 24, not 45.25 x 22.6). Their anchors sit at the cell's center: use OFFSET 0.5 with it.
+# Exclusive with ROUND_CELL_ANCHORS.
+_C.MODEL.ANCHOR_GENERATOR.DETECTRON_CELL_ANCHORS = False
+# Order of a location's anchors when a level has several sizes and ratios (RetinaNet):
+# "size_major" (all ratios of the first size, then the next size; Detectron, detectron2) or
+# "ratio_major" (all sizes of the first ratio, then the next; torchvision).
+_C.MODEL.ANCHOR_GENERATOR.CELL_ANCHOR_ORDER = "size_major"
 
 _C.MODEL.PROPOSAL_GENERATOR = CN()
 # Proposal generator name in the PROPOSAL_GENERATOR registry.
@@ -154,6 +174,12 @@ _C.MODEL.RPN.POST_NMS_TOPK_TEST = 1000
 _C.MODEL.RPN.NMS_THRESH = 0.7
 # Proposals with a side shorter than this (pixels) are dropped.
 _C.MODEL.RPN.MIN_SIZE = 0.0
+# What orders the proposals for the NMS and the per-image top-k (the per-level top-k always
+# takes the largest logits): "logit" (the objectness logit; detectron2), "sigmoid" (its float32
+# probability, where saturated logits tie at 1.0 and ties keep the per-level order: p2 first,
+# then by logit; maskrcnn-benchmark, Detectron), or "torchvision" (the probability, with ties in
+# the order torchvision's batched_nms leaves them, for its checkpoints).
+_C.MODEL.RPN.PROPOSAL_RANKING = "logit"
 
 # ---------------------------------------------------------------------------------------------
 # ROI heads: box classification / regression and masks on the proposals
@@ -184,8 +210,9 @@ _C.MODEL.ROI_HEADS.PROPOSAL_APPEND_GT = True
 # level CANONICAL_LEVEL (p4); each halving / doubling moves one level down / up.
 _C.MODEL.ROI_HEADS.CANONICAL_BOX_SIZE = 224
 _C.MODEL.ROI_HEADS.CANONICAL_LEVEL = 4
-# Level rule's eps: "detectron2" floor(k0 + log2(s / s0 + 1e-8)) or "torchvision"
-# floor(k0 + log2(s / s0) + 1e-6) (s = sqrt(box area)).
+# Level rule's eps: "detectron2" floor(k0 + log2(s / s0 + 1e-8)), "torchvision"
+# floor(k0 + log2(s / s0) + 1e-6) or "maskrcnn_benchmark" floor(k0 + log2(s / s0 + 1e-6))
+# (s = sqrt(box area)).
 _C.MODEL.ROI_HEADS.LEVEL_MAPPER = "detectron2"
 # At test: detections with a side shorter than this (pixels) are dropped before NMS; 0 keeps
 # all (torchvision uses 0.01).
@@ -245,6 +272,71 @@ _C.MODEL.ROI_MASK_HEAD.PASTE_MODE = "aligned"
 # Pasted mask probabilities >= this become foreground pixels.
 _C.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD = 0.5
 
+_C.MODEL.ROI_KEYPOINT_HEAD = CN()
+# Keypoint head name in the ROI_KEYPOINT_HEAD registry.
+_C.MODEL.ROI_KEYPOINT_HEAD.NAME = "KRCNNConvDeconvUpsampleHead"
+# K, keypoints per instance (17 for COCO persons); the dataset's keypoint_names must have K names.
+_C.MODEL.ROI_KEYPOINT_HEAD.NUM_KEYPOINTS = 17
+# Output channels of the 3x3 convs (each + ReLU) before the deconv: 8 x 512 in the paper.
+_C.MODEL.ROI_KEYPOINT_HEAD.CONV_DIMS = [512] * 8
+# Side of the pooled feature; heatmaps come out at four times this (14 -> 56x56).
+_C.MODEL.ROI_KEYPOINT_HEAD.POOLER_RESOLUTION = 14
+# ROIAlign samples per bin side; 0 = adaptive.
+_C.MODEL.ROI_KEYPOINT_HEAD.POOLER_SAMPLING_RATIO = 0
+# ROIAlign aligned=True (see ROI_BOX_HEAD.POOLER_ALIGNED).
+_C.MODEL.ROI_KEYPOINT_HEAD.POOLER_ALIGNED = True
+# True: the loss is the mean over the batch's labeled keypoints inside their ROIs. False: the
+# published Detectron normalization, the sum divided by what a full batch could hold
+# (images x NUM_KEYPOINTS x ROI_HEADS.BATCH_SIZE_PER_IMAGE x POSITIVE_FRACTION), so batches with
+# few points are not up-weighted; use LOSS_WEIGHT 4.0 with it.
+_C.MODEL.ROI_KEYPOINT_HEAD.NORMALIZE_LOSS_BY_VISIBLE_KEYPOINTS = True
+# Multiplier of the keypoint loss.
+_C.MODEL.ROI_KEYPOINT_HEAD.LOSS_WEIGHT = 1.0
+
+# ---------------------------------------------------------------------------------------------
+# RetinaNet (MODEL.META_ARCHITECTURE "RetinaNet"): a dense head on the FPN levels, focal loss
+# ---------------------------------------------------------------------------------------------
+_C.MODEL.RETINANET = CN()
+# Foreground classes; each has its own sigmoid output (no background class).
+_C.MODEL.RETINANET.NUM_CLASSES = 80
+# Feature maps the head runs on, finest first; one anchor size list each.
+_C.MODEL.RETINANET.IN_FEATURES = ["p3", "p4", "p5", "p6", "p7"]
+# 3x3 conv + ReLU layers in each of the two towers (class and box), shared by all levels.
+_C.MODEL.RETINANET.NUM_CONVS = 4
+# Normalization after each tower conv: "" or null (none), or "GN" (32 groups).
+_C.MODEL.RETINANET.NORM = ""
+# Foreground probability every class starts at (sets the classification bias).
+_C.MODEL.RETINANET.PRIOR_PROB = 0.01
+# Anchor matcher: IoU < 0.4 -> background (0), 0.4..0.5 -> ignored (-1), >= 0.5 -> foreground (1).
+_C.MODEL.RETINANET.IOU_THRESHOLDS = [0.4, 0.5]
+_C.MODEL.RETINANET.IOU_LABELS = [0, -1, 1]
+# Also make each ground-truth box's best anchor(s) foreground even below 0.5 IoU.
+_C.MODEL.RETINANET.ALLOW_LOW_QUALITY_MATCHES = True
+# Focal loss: alpha weighs the foreground term (1 - alpha the background), gamma >= 0 focuses
+# on hard examples.
+_C.MODEL.RETINANET.FOCAL_LOSS_ALPHA = 0.25
+_C.MODEL.RETINANET.FOCAL_LOSS_GAMMA = 2.0
+# Weights (wx, wy, ww, wh) of the anchor -> box delta encoding.
+_C.MODEL.RETINANET.BBOX_REG_WEIGHTS = (1.0, 1.0, 1.0, 1.0)
+# Box regression loss: "smooth_l1" or "l1" on the deltas, or "giou" on the decoded boxes.
+_C.MODEL.RETINANET.BBOX_REG_LOSS_TYPE = "smooth_l1"
+# Smooth L1 transition point (Detectron's 0.11); 0.0 makes it plain L1 (detectron2's recipe).
+_C.MODEL.RETINANET.SMOOTH_L1_LOSS_BETA = 0.11
+# What both losses are divided by: "num_foreground" (the batch's foreground anchors, at least 1;
+# the paper), "moving_average" (the same count smoothed over iterations with momentum 0.9 from
+# 100, detectron2) or "per_image" (each image's loss by its own foreground anchors, then the mean
+# over images, torchvision).
+_C.MODEL.RETINANET.LOSS_NORMALIZER = "num_foreground"
+# At test: per level, the TOPK_CANDIDATES_TEST best (anchor, class) scores above
+# SCORE_THRESH_TEST are decoded; then a per-class NMS at NMS_THRESH_TEST over all levels, and
+# TEST.DETECTIONS_PER_IMAGE kept.
+_C.MODEL.RETINANET.SCORE_THRESH_TEST = 0.05
+_C.MODEL.RETINANET.TOPK_CANDIDATES_TEST = 1000
+_C.MODEL.RETINANET.NMS_THRESH_TEST = 0.5
+# At test: clip boxes to the image before the NMS (torchvision, maskrcnn-benchmark) rather than
+# after it (detectron2); IoUs of boxes crossing the border differ.
+_C.MODEL.RETINANET.CLIP_BEFORE_NMS = False
+
 # ---------------------------------------------------------------------------------------------
 # Input: resizing, flipping, batching
 # ---------------------------------------------------------------------------------------------
@@ -258,6 +350,13 @@ _C.INPUT.MAX_SIZE_TRAIN = 1333
 # Test short side and long side cap, pixels; MIN_SIZE_TEST 0 disables resizing.
 _C.INPUT.MIN_SIZE_TEST = 800
 _C.INPUT.MAX_SIZE_TEST = 1333
+# How images are resized, in training and at test (the weights of another library expect its
+# pixels): "opencv" (cv2 bilinear of the uint8 image; sizes rounded, int(side * scale + 0.5)),
+# "torchvision" (GeneralizedRCNNTransform: bilinear interpolate of the float image, no rounding
+# to uint8, no antialiasing; sizes truncated, int(side * scale); masks by nearest neighbour), or
+# "maskrcnn_benchmark" (PIL bilinear of the uint8 image, antialiased when shrinking; its size rule:
+# the long side's cap rounds the short side, the other side is truncated).
+_C.INPUT.RESIZE_MODE = "opencv"
 # Channel order the model sees: "BGR" or "RGB" (PIXEL_MEAN/STD follow it).
 _C.INPUT.FORMAT = "BGR"
 # How instance masks are carried through the data pipeline: "polygon" or "bitmask".
@@ -321,6 +420,9 @@ _C.DATALOADER.NUM_WORKERS = 2
 _C.DATALOADER.ASPECT_RATIO_GROUPING = True
 # Drop training images without any annotation.
 _C.DATALOADER.FILTER_EMPTY_ANNOTATIONS = True
+# With MODEL.KEYPOINT_ON, drop training images with fewer labeled keypoints (v > 0, all
+# instances together) than this; 0 keeps them all.
+_C.DATALOADER.MIN_KEYPOINTS_PER_IMAGE = 1
 # Training sampler name: "TrainingSampler" (infinite shuffled stream).
 _C.DATALOADER.SAMPLER_TRAIN = "TrainingSampler"
 

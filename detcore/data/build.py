@@ -33,6 +33,7 @@ __all__ = [
     "DatasetFromList",
     "MapDataset",
     "get_detection_dataset_dicts",
+    "filter_images_with_few_keypoints",
     "trivial_batch_collator",
     "make_detection_train_loader",
     "make_detection_test_loader",
@@ -116,6 +117,31 @@ def get_detection_dataset_dicts(names: Union[str, Sequence[str]], filter_empty: 
     return records
 
 
+def filter_images_with_few_keypoints(records: List[dict], min_keypoints: int) -> List[dict]:
+    """The records whose non-crowd annotations have at least ``min_keypoints`` labeled keypoints
+    (visibility > 0) together: Keypoint R-CNN learns nothing about keypoints from the others."""
+
+    def labeled(record: dict) -> int:
+        return sum(
+            sum(1 for v in a["keypoints"][2::3] if v > 0)
+            for a in record.get("annotations", [])
+            if "keypoints" in a and not a.get("iscrowd", 0)
+        )
+
+    kept = [r for r in records if labeled(r) >= min_keypoints]
+    if len(kept) != len(records):
+        logger.info(
+            "Removed %d images with fewer than %d labeled keypoints; %d images left",
+            len(records) - len(kept), min_keypoints, len(kept),
+        )
+    if not kept:
+        raise ValueError(
+            f"No training image has {min_keypoints} or more labeled keypoints (DATALOADER.MIN_KEYPOINTS_PER_IMAGE): "
+            "nothing to train the keypoint head on"
+        )
+    return kept
+
+
 def _check_same_classes(names: Sequence[str]) -> None:
     classes = [(n, MetadataCatalog.get(n).get("thing_classes")) for n in names]
     classes = [(n, c) for n, c in classes if c is not None]
@@ -190,6 +216,8 @@ def build_detection_train_loader(cfg, mapper: Optional[Callable[[dict], dict]] =
     """Train loader of ``cfg.DATASETS.TRAIN`` (see ``make_detection_train_loader``)."""
     set_datasets_root(cfg.DATASETS.ROOT or None)
     records = get_detection_dataset_dicts(cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS)
+    if cfg.MODEL.KEYPOINT_ON and cfg.DATALOADER.MIN_KEYPOINTS_PER_IMAGE > 0:
+        records = filter_images_with_few_keypoints(records, cfg.DATALOADER.MIN_KEYPOINTS_PER_IMAGE)
     if cfg.DATALOADER.SAMPLER_TRAIN not in TRAIN_SAMPLERS:
         raise ValueError(
             f"DATALOADER.SAMPLER_TRAIN: unknown sampler {cfg.DATALOADER.SAMPLER_TRAIN!r}; available: {list(TRAIN_SAMPLERS)}"

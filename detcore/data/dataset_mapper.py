@@ -2,10 +2,11 @@
 
 Output (the model's input format)::
 
-    {"image": uint8 Tensor[3, H, W] in image_format order, resized,
+    {"image": Tensor[3, H, W] in image_format order, resized (uint8; float32 with
+              INPUT.RESIZE_MODE "torchvision", which keeps the interpolated values),
      "height": int, "width": int,          # the ORIGINAL size (eval outputs are rescaled to it)
      "file_name": str, "image_id": int,
-     "instances": Instances((H, W), gt_boxes, gt_classes[, gt_masks])}   # training only
+     "instances": Instances((H, W), gt_boxes, gt_classes[, gt_masks][, gt_keypoints])}   # training only
 
 Crowd annotations are not training targets and are dropped; so are instances whose box is empty
 after clipping to the image (degenerate boxes in the json, boxes outside the image, instances
@@ -13,7 +14,7 @@ left outside a random crop).
 """
 import logging
 from contextlib import contextmanager
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -48,12 +49,13 @@ def build_augmentation(cfg, is_train: bool) -> List[Augmentation]:
     colour jitter of INPUT.COLOR_JITTER. With the defaults of the new keys this is exactly the
     resize and flip of before, drawing the same random numbers.
     Test: the resize to INPUT.MIN_SIZE_TEST; none with TEST.AUG.ENABLED, whose wrapper resizes
-    every scale itself from the original image.
+    every scale itself from the original image. Every shortest-edge resize is the one of
+    INPUT.RESIZE_MODE.
     """
     if not is_train:
         if cfg.TEST.AUG.ENABLED:
             return []
-        return [ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST, "choice")]
+        return [ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST, "choice", cfg.INPUT.RESIZE_MODE)]
     augs: List[Augmentation] = []
     if cfg.INPUT.CROP.ENABLED:
         with _blame("INPUT.CROP (TYPE, SIZE)"):
@@ -64,6 +66,11 @@ def build_augmentation(cfg, is_train: bool) -> List[Augmentation]:
     flips = [RandomFlip(0.5, horizontal=flip == "horizontal", vertical=flip == "vertical")] if flip != "none" else []
     lsj = cfg.INPUT.LARGE_SCALE_JITTER
     if lsj.ENABLED:
+        if cfg.INPUT.RESIZE_MODE != "opencv":
+            raise ValueError(
+                "INPUT.LARGE_SCALE_JITTER resizes with OpenCV: INPUT.RESIZE_MODE must be 'opencv' with it, "
+                f"got {cfg.INPUT.RESIZE_MODE!r}"
+            )
         if len(lsj.OUTPUT_SIZE) != 2 or len(lsj.SCALE_RANGE) != 2:
             raise ValueError(
                 "INPUT.LARGE_SCALE_JITTER: OUTPUT_SIZE must be (height, width) and SCALE_RANGE (min, max), got "
@@ -77,7 +84,9 @@ def build_augmentation(cfg, is_train: bool) -> List[Augmentation]:
             augs.append(FixedSizeCrop((out_h, out_w), pad_value=tuple(cfg.MODEL.PIXEL_MEAN)))
     else:
         augs.append(
-            ResizeShortestEdge(cfg.INPUT.MIN_SIZE_TRAIN, cfg.INPUT.MAX_SIZE_TRAIN, cfg.INPUT.MIN_SIZE_TRAIN_SAMPLING)
+            ResizeShortestEdge(
+                cfg.INPUT.MIN_SIZE_TRAIN, cfg.INPUT.MAX_SIZE_TRAIN, cfg.INPUT.MIN_SIZE_TRAIN_SAMPLING, cfg.INPUT.RESIZE_MODE
+            )
         )
         augs += flips
     jitter = cfg.INPUT.COLOR_JITTER
@@ -113,6 +122,8 @@ class DatasetMapper:
         image_format: str = "BGR",
         use_instance_mask: bool = False,
         instance_mask_format: str = "polygon",
+        use_keypoint: bool = False,
+        keypoint_flip_indices: Optional[Sequence[int]] = None,
         recompute_boxes: bool = False,
     ):
         if hasattr(is_train, "INPUT"):  # DatasetMapper(cfg, ...), detectron2's spelling
@@ -131,6 +142,8 @@ class DatasetMapper:
         self.image_format = image_format
         self.use_instance_mask = bool(use_instance_mask)
         self.instance_mask_format = instance_mask_format
+        self.use_keypoint = bool(use_keypoint)
+        self.keypoint_flip_indices = None if keypoint_flip_indices is None else list(keypoint_flip_indices)
         # After a crop, the clipped box of an instance can be far larger than what is left of it
         # (a triangle's corner cut off): its box is then taken from its clipped mask.
         if recompute_boxes and not use_instance_mask:
@@ -140,12 +153,20 @@ class DatasetMapper:
 
     @classmethod
     def from_config(cls, cfg, is_train: bool = True):
+        use_keypoint = bool(cfg.MODEL.KEYPOINT_ON) and is_train
         return {
             "is_train": is_train,
             "augmentations": build_augmentation(cfg, is_train),
             "image_format": cfg.INPUT.FORMAT,
             "use_instance_mask": cfg.MODEL.MASK_ON,
             "instance_mask_format": cfg.INPUT.MASK_FORMAT,
+            "use_keypoint": use_keypoint,
+            # Left/right pairs of the training datasets' metadata, for flips.
+            "keypoint_flip_indices": (
+                utils.keypoint_flip_indices(cfg.DATASETS.TRAIN, cfg.MODEL.ROI_KEYPOINT_HEAD.NUM_KEYPOINTS)
+                if use_keypoint
+                else None
+            ),
             "recompute_boxes": bool(
                 is_train and cfg.MODEL.MASK_ON and (cfg.INPUT.CROP.ENABLED or cfg.INPUT.LARGE_SCALE_JITTER.ENABLED)
             ),
@@ -173,13 +194,22 @@ class DatasetMapper:
                 continue
             if not self.use_instance_mask and "segmentation" in anno:
                 anno = {k: v for k, v in anno.items() if k != "segmentation"}
+            if not self.use_keypoint and "keypoints" in anno:
+                anno = {k: v for k, v in anno.items() if k != "keypoints"}
             try:
-                annos.append(utils.transform_instance_annotations(anno, transforms, (h, w)))
+                annos.append(
+                    utils.transform_instance_annotations(anno, transforms, (h, w), self.keypoint_flip_indices)
+                )
             except (ValueError, TypeError, KeyError, IndexError) as e:
                 raise ValueError(f"{record['file_name']}, annotation {anno.get('id', '?')}: malformed ({e!r})") from e
         try:
             instances = utils.annotations_to_instances(
-                annos, (h, w), self.instance_mask_format, with_masks=self.use_instance_mask
+                annos,
+                (h, w),
+                self.instance_mask_format,
+                with_masks=self.use_instance_mask,
+                with_keypoints=self.use_keypoint,
+                num_keypoints=len(self.keypoint_flip_indices or []),
             )
         except ValueError as e:
             raise ValueError(f"{record['file_name']}: {e}") from e
@@ -192,5 +222,6 @@ class DatasetMapper:
         return (
             f"DatasetMapper(is_train={self.is_train}, augmentations={self.augmentations}, "
             f"image_format='{self.image_format}', use_instance_mask={self.use_instance_mask}, "
-            f"instance_mask_format='{self.instance_mask_format}', recompute_boxes={self.recompute_boxes})"
+            f"instance_mask_format='{self.instance_mask_format}', use_keypoint={self.use_keypoint}, "
+            f"recompute_boxes={self.recompute_boxes})"
         )

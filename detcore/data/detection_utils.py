@@ -1,8 +1,8 @@
 """Helpers between records and model inputs: reading images, moving annotations through
-transforms, and turning them into ``Instances`` (gt_boxes / gt_classes / gt_masks)."""
+transforms, and turning them into ``Instances`` (gt_boxes / gt_classes / gt_masks / gt_keypoints)."""
 import io
 import os
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -11,14 +11,17 @@ import torch
 
 from detcore.config.choices import IMAGE_FORMATS, MASK_FORMATS
 
-from ..structures import BitMasks, Boxes, Instances, PolygonMasks, polygons_to_bitmask
-from .transforms import TransformList
+from ..structures import BitMasks, Boxes, Instances, Keypoints, PolygonMasks, flip_indices, polygons_to_bitmask
+from .catalog import MetadataCatalog
+from .transforms import TransformList, mirrors
 
 __all__ = [
     "read_image",
     "check_image_size",
     "mask_to_polygons",
     "transform_instance_annotations",
+    "transform_keypoint_annotations",
+    "keypoint_flip_indices",
     "annotations_to_instances",
     "filter_empty_instances",
 ]
@@ -115,9 +118,73 @@ def _decode_rle(segm: dict) -> np.ndarray:
     return mask_util.decode(segm).astype(bool)
 
 
-def transform_instance_annotations(anno: dict, transforms: TransformList, image_size: Tuple[int, int]) -> dict:
-    """A new annotation with its box (clipped to the new image) and segmentation moved by
-    ``transforms``. Polygons stay polygons; an RLE becomes a ``[H, W]`` bool array."""
+def transform_keypoint_annotations(
+    keypoints: Sequence[float],
+    transforms: TransformList,
+    image_size: Tuple[int, int],
+    flip_indices: Optional[Sequence[int]] = None,
+) -> np.ndarray:
+    """One instance's keypoints (flat ``[x1, y1, v1, ...]`` or ``[K, 3]``) after ``transforms``,
+    as a ``[K, 3]`` float64 array in the new image of ``image_size`` (h, w).
+
+    Points move through the transforms' point map (``apply_coords``), like boxes and polygons.
+    A labeled point that lands outside the image becomes unlabeled, and unlabeled points are
+    (0, 0, 0), as in COCO. When the transforms mirror the image (``transforms.mirrors``), each
+    point also takes its mirror partner's name: row ``i`` becomes old row ``flip_indices[i]``
+    (structures.flip_indices of the dataset's keypoint_flip_map), the left/right swap."""
+    kp = np.asarray(keypoints, dtype=np.float64).reshape(-1, 3)
+    xy = transforms.apply_coords(kp[:, :2])
+    h, w = image_size
+    inside = (xy[:, 0] >= 0) & (xy[:, 0] <= w) & (xy[:, 1] >= 0) & (xy[:, 1] <= h)
+    keep = (kp[:, 2] > 0) & inside
+    out = np.zeros_like(kp)
+    out[keep, :2] = xy[keep]
+    out[keep, 2] = kp[keep, 2]
+    if mirrors(transforms):
+        if flip_indices is None:
+            raise ValueError(
+                "the transforms mirror the image, so left/right keypoints must swap, but no flip indices were "
+                "given (the dataset's metadata needs keypoint_names and keypoint_flip_map)"
+            )
+        if len(flip_indices) != len(out):
+            raise ValueError(f"keypoints: {len(out)} points, but the flip indices are for {len(flip_indices)}")
+        out = out[np.asarray(flip_indices, dtype=np.int64)]
+    return out
+
+
+def keypoint_flip_indices(dataset_names: Sequence[str], num_keypoints: Optional[int] = None) -> List[int]:
+    """The flip indices (see ``transform_keypoint_annotations``) of the named datasets, from
+    their metadata (keypoint_names, keypoint_flip_map); all of them must agree, and with
+    ``num_keypoints`` (the model's K) they must have that many names."""
+    found = None
+    for name in dataset_names:
+        meta = MetadataCatalog.get(name)
+        names = meta.get("keypoint_names")
+        if not names:
+            raise ValueError(
+                f"dataset '{name}' has no keypoint_names in its metadata: it is not a keypoint dataset (or "
+                "its COCO json has not been loaded yet), so keypoints cannot be trained on it"
+            )
+        if num_keypoints is not None and len(names) != num_keypoints:
+            raise ValueError(
+                f"dataset '{name}' has {len(names)} keypoints {list(names)}, but MODEL.ROI_KEYPOINT_HEAD."
+                f"NUM_KEYPOINTS is {num_keypoints}"
+            )
+        indices = flip_indices(names, meta.get("keypoint_flip_map", []))
+        if found is not None and indices != found[1]:
+            raise ValueError(f"datasets '{found[0]}' and '{name}' have different keypoint names or flip maps")
+        found = (name, indices)
+    if found is None:
+        raise ValueError("keypoint_flip_indices: no dataset names given")
+    return found[1]
+
+
+def transform_instance_annotations(
+    anno: dict, transforms: TransformList, image_size: Tuple[int, int], keypoint_flip_indices: Optional[Sequence[int]] = None
+) -> dict:
+    """A new annotation with its box (clipped to the new image), segmentation and keypoints moved by
+    ``transforms``. Polygons stay polygons; an RLE becomes a ``[H, W]`` bool array; keypoints
+    become a ``[K, 3]`` array (see ``transform_keypoint_annotations``)."""
     h, w = image_size
     out = dict(anno)
     box = transforms.apply_box(np.asarray([anno["bbox"]], dtype=np.float64))[0]
@@ -129,20 +196,31 @@ def transform_instance_annotations(anno: dict, transforms: TransformList, image_
         else:
             polygons = transforms.apply_polygons([np.asarray(p, dtype=np.float64) for p in segm])
             out["segmentation"] = [p.tolist() for p in polygons]
+    if "keypoints" in anno:
+        out["keypoints"] = transform_keypoint_annotations(anno["keypoints"], transforms, image_size, keypoint_flip_indices)
     return out
 
 
 def annotations_to_instances(
-    annos: Sequence[dict], image_size: Tuple[int, int], mask_format: str = "polygon", with_masks: bool = True
+    annos: Sequence[dict],
+    image_size: Tuple[int, int],
+    mask_format: str = "polygon",
+    with_masks: bool = True,
+    with_keypoints: bool = False,
+    num_keypoints: int = 0,
 ) -> Instances:
-    """``Instances`` with gt_boxes (clipped), gt_classes (int64) and, when ``with_masks``,
-    gt_masks as ``PolygonMasks`` (``mask_format="polygon"``) or ``BitMasks`` ("bitmask")."""
+    """``Instances`` with gt_boxes (clipped), gt_classes (int64), when ``with_masks`` gt_masks as
+    ``PolygonMasks`` (``mask_format="polygon"``) or ``BitMasks`` ("bitmask"), and when
+    ``with_keypoints`` gt_keypoints (``Keypoints`` of the annotations' ``[K, 3]`` keypoints;
+    ``num_keypoints`` is K for an image without annotations)."""
     if mask_format not in MASK_FORMATS:
         raise ValueError(f"annotations_to_instances: mask_format must be one of {list(MASK_FORMATS)}, got {mask_format!r}")
     h, w = image_size
     boxes = Boxes(torch.tensor([a["bbox"] for a in annos], dtype=torch.float32).reshape(-1, 4)).clip((h, w))
     classes = torch.tensor([a["category_id"] for a in annos], dtype=torch.int64)
     instances = Instances((h, w), gt_boxes=boxes, gt_classes=classes)
+    if with_keypoints:
+        instances.gt_keypoints = _keypoints_of(annos, num_keypoints)
     if not with_masks:
         return instances
     segms = []
@@ -169,6 +247,26 @@ def annotations_to_instances(
                 raise ValueError(f"annotation {a.get('id', '?')}: mask is {tuple(b.shape)}, image is {(h, w)}")
         instances.gt_masks = BitMasks(torch.stack(bitmaps) if bitmaps else torch.zeros((0, h, w), dtype=torch.bool))
     return instances
+
+
+def _keypoints_of(annos: Sequence[dict], num_keypoints: int) -> Keypoints:
+    arrays = []
+    for a in annos:
+        if "keypoints" not in a:
+            raise ValueError(
+                f"annotation {a.get('id', '?')} has no 'keypoints' but keypoints were asked for "
+                "(MODEL.KEYPOINT_ON): the dataset must provide them"
+            )
+        kp = np.asarray(a["keypoints"], dtype=np.float32).reshape(-1, 3)
+        if arrays and kp.shape != arrays[0].shape:
+            raise ValueError(
+                f"annotation {a.get('id', '?')} has {len(kp)} keypoints where annotation "
+                f"{annos[0].get('id', '?')} has {len(arrays[0])}"
+            )
+        arrays.append(kp)
+    if not arrays:
+        return Keypoints(torch.zeros((0, num_keypoints, 3)))
+    return Keypoints(torch.from_numpy(np.stack(arrays)))
 
 
 def filter_empty_instances(instances: Instances, box_threshold: float = 1e-5) -> Instances:

@@ -295,12 +295,13 @@ class DefaultTrainer(TrainerBase):
         cls, cfg, dataset_name: str, output_folder: Optional[str] = None, tasks: Optional[Sequence[str]] = None
     ) -> DatasetEvaluator:
         """The evaluator of the dataset's ``evaluator_type`` (``EVALUATOR_TYPES``): "coco", box
-        (and mask, with MODEL.MASK_ON) AP by pycocotools, for a dataset registered from code too
-        (its records are converted to a COCO json in the output folder); "pascal_voc", the VOC
-        devkit's AP; "cityscapes_instance", Cityscapes' own instance AP and COCO AP. A
-        ProposalNetwork is scored by its proposals' recall ("box_proposals", COCO-style on any of
-        them); ``tasks`` picks COCOEvaluator tasks explicitly. Results go to
-        OUTPUT_DIR/inference/<dataset> (<dataset>_TTA with TEST.AUG.ENABLED)."""
+        (and mask with MODEL.MASK_ON, keypoint with MODEL.KEYPOINT_ON) AP by pycocotools, for a
+        dataset registered from code too (its records are converted to a COCO json in the output
+        folder); "pascal_voc", the VOC devkit's AP; "cityscapes_instance", Cityscapes' own
+        instance AP and COCO AP. A ProposalNetwork is scored by its proposals' recall
+        ("box_proposals", COCO-style on any of them); ``tasks`` picks COCOEvaluator tasks
+        explicitly. Results go to OUTPUT_DIR/inference/<dataset> (<dataset>_TTA with
+        TEST.AUG.ENABLED)."""
         if output_folder is None:
             suffix = "_TTA" if cfg.TEST.AUG.ENABLED else ""
             output_folder = os.path.join(cfg.OUTPUT_DIR, "inference", dataset_name + suffix)
@@ -316,7 +317,7 @@ class DefaultTrainer(TrainerBase):
             return COCOEvaluator(dataset_name, tasks, output_folder, distributed=True, metadata_fn=MetadataCatalog.get)
         if kind == "pascal_voc":
             return PascalVOCDetectionEvaluator(dataset_name, output_folder, distributed=True)
-        tasks = ("bbox", "segm") if cfg.MODEL.MASK_ON else ("bbox",)
+        tasks = ("bbox",) + (("segm",) if cfg.MODEL.MASK_ON else ()) + (("keypoints",) if cfg.MODEL.KEYPOINT_ON else ())
         coco = COCOEvaluator(dataset_name, tasks, output_folder, distributed=True, metadata_fn=MetadataCatalog.get)
         if kind == "cityscapes_instance":
             return DatasetEvaluators([CityscapesInstanceEvaluator(dataset_name, output_folder), coco])

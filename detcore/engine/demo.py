@@ -6,7 +6,7 @@
 import glob
 import logging
 import os
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -65,13 +65,17 @@ def visualize_images(
     class_names: Optional[Sequence[str]] = None,
     score_threshold: float = 0.5,
     min_size: int = 480,
+    keypoint_names: Optional[Sequence[str]] = None,
+    keypoint_skeleton: Optional[Sequence[Tuple[str, str]]] = None,
+    keypoint_threshold: Optional[float] = None,
 ) -> List[str]:
     """Run ``predictor`` (BGR uint8 image -> dict with "instances") on each image and write the
-    image with its detections drawn (boxes, masks, class names, scores) as a PNG into
-    ``output_dir``. A ProposalNetwork's predictor gives "proposals" instead: they are drawn as
-    boxes scored by sigmoid(objectness). Images whose short side is under ``min_size`` pixels are
-    drawn enlarged by a whole factor to at least that (``upscale_factor``; 0: every image at its
-    own size), so that labels do not hide small objects. Returns the written paths."""
+    image with its detections drawn (boxes, masks, keypoints on their skeleton, class names,
+    scores) as a PNG into ``output_dir``. A ProposalNetwork's predictor gives "proposals" instead:
+    they are drawn as boxes scored by sigmoid(objectness). Images whose short side is under
+    ``min_size`` pixels are drawn enlarged by a whole factor to at least that (``upscale_factor``;
+    0: every image at its own size), so that labels do not hide small objects. Returns the
+    written paths."""
     os.makedirs(output_dir, exist_ok=True)
     used: set = set()
     written = []
@@ -90,7 +94,10 @@ def visualize_images(
                 scores=proposals.objectness_logits.sigmoid(),
             )
         scale = upscale_factor(image.shape[0], image.shape[1], min_size)
-        drawn = draw_instances(image, instances, class_names=class_names, score_threshold=score_threshold, scale=scale)
+        drawn = draw_instances(
+            image, instances, class_names=class_names, score_threshold=score_threshold, scale=scale,
+            keypoint_names=keypoint_names, keypoint_skeleton=keypoint_skeleton, keypoint_threshold=keypoint_threshold,
+        )
         out = os.path.join(output_dir, _output_name(path, used))
         if not cv2.imwrite(out, drawn):
             raise OSError(f"could not write {out!r}")

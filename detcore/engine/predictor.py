@@ -3,13 +3,15 @@
 The simplest way to use a trained model from a script or a notebook:
 
     predictor = Predictor(cfg)            # cfg.MODEL.WEIGHTS: the trained checkpoint
-    out = predictor(cv2.imread("a.jpg"))  # out["boxes"], out["scores"], out["labels"], out["masks"]
+    out = predictor(cv2.imread("a.jpg"))  # out["boxes"], out["scores"], out["labels"], out["masks"],
+                                          # out["keypoints"]
 
 It applies the same test-time preprocessing as the evaluation data loader (channel order
-INPUT.FORMAT, shortest edge resized to INPUT.MIN_SIZE_TEST capped at INPUT.MAX_SIZE_TEST), and
+INPUT.FORMAT, shortest edge resized to INPUT.MIN_SIZE_TEST capped at INPUT.MAX_SIZE_TEST, the way
+INPUT.RESIZE_MODE says), and
 the model rescales its detections back to the image as given. With TEST.AUG.ENABLED it runs the
 test-time augmentation of the evaluation instead (``GeneralizedRCNNWithTTA``, which resizes each
-scale itself).
+scale itself, the same way).
 """
 import numpy as np
 import torch
@@ -39,6 +41,8 @@ class Predictor:
     * ``scores``: float32 ``[N]`` confidences;
     * ``labels``: int64 ``[N]`` class indices in ``[0, NUM_CLASSES)``;
     * ``masks``: bool ``[N, H, W]``, only for models with a mask head;
+    * ``keypoints``: float32 ``[N, K, 3]`` (x, y, score: the heatmap logit), only for models with
+      a keypoint head;
     * ``instances``: the model's raw ``Instances`` (on the CPU).
 
     A ProposalNetwork (RPN-only model) gives its proposals instead: ``boxes`` float32 ``[N, 4]``,
@@ -59,12 +63,15 @@ class Predictor:
         if self.cfg.MODEL.WEIGHTS:
             self.load_weights(self.cfg.MODEL.WEIGHTS)
         self.min_size, self.max_size = int(self.cfg.INPUT.MIN_SIZE_TEST), int(self.cfg.INPUT.MAX_SIZE_TEST)
+        self.resize_mode = self.cfg.INPUT.RESIZE_MODE
         # What runs the inputs: the model, or its TTA wrapper (then given the images unresized).
         self.runner = self.model
         if self.cfg.TEST.AUG.ENABLED:
             self.runner = build_from_config(GeneralizedRCNNWithTTA, self.cfg, self.model)
             self.min_size = 0
-        self.has_masks = bool(getattr(getattr(self.model, "roi_heads", None), "mask_on", False))
+        self.has_masks = bool(getattr(self.model, "mask_on", False))
+        roi_heads = getattr(self.model, "roi_heads", None)  # a ProposalNetwork or RetinaNet has none
+        self.has_keypoints = bool(getattr(roi_heads, "keypoint_on", False))
 
     def load_weights(self, path: str) -> LoadReport:
         """Load a state dict or a trainer checkpoint into the model (the engine's loader: matching
@@ -85,15 +92,16 @@ class Predictor:
             )
 
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
-        """The checked BGR image as the model's ``[3, H', W']`` uint8 input: INPUT.FORMAT channel
-        order, resized like the evaluation data loader does (same transform, same sizes; not
-        resized with TEST.AUG.ENABLED)."""
+        """The checked BGR image as the model's ``[3, H', W']`` input: INPUT.FORMAT channel
+        order, resized like the evaluation data loader does (same transform, same sizes; uint8, or
+        float32 with INPUT.RESIZE_MODE "torchvision"; not resized with TEST.AUG.ENABLED)."""
         self._check(image)
         if self.input_format == "RGB":
             image = image[:, :, ::-1]
         image = np.ascontiguousarray(image)
         h, w = image.shape[:2]  # MIN_SIZE_TEST 0: no resizing
-        image = ResizeShortestEdge.test_transform(h, w, self.min_size, self.max_size).apply_image(image)
+        resize = ResizeShortestEdge.test_transform(h, w, self.min_size, self.max_size, self.resize_mode)
+        image = resize.apply_image(image)
         return torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)))
 
     def __call__(self, image):
@@ -139,4 +147,10 @@ class Predictor:
                 out["masks"] = instances.pred_masks.numpy().astype(bool, copy=False)
             else:  # no detections may mean the mask head was never asked for a mask
                 out["masks"] = np.zeros((0, height, width), dtype=bool)
+        if self.has_keypoints:
+            if instances.has("pred_keypoints"):
+                out["keypoints"] = instances.pred_keypoints.numpy().astype(np.float32, copy=False)
+            else:
+                num_keypoints = self.cfg.MODEL.ROI_KEYPOINT_HEAD.NUM_KEYPOINTS
+                out["keypoints"] = np.zeros((0, num_keypoints, 3), dtype=np.float32)
         return out

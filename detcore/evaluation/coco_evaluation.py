@@ -1,10 +1,12 @@
-"""COCO-style box and mask AP of a model's predictions, computed with pycocotools, and the
-recall of proposals (AR@100 / AR@1000, see proposal_recall.py).
+"""COCO-style box, mask and keypoint AP of a model's predictions, computed with pycocotools, and
+the recall of proposals (AR@100 / AR@1000, see proposal_recall.py).
 
 Flow: ``process`` turns each image's predicted ``Instances`` into COCO result dicts (xywh boxes,
-dataset category ids, RLE masks) right away, so only small json-ready records are kept and
-gathered across ranks; ``evaluate`` runs ``COCOeval`` once per task on rank 0 and reports
-AP, AP50, AP75, APs, APm, APl (and per-category AP) in percent.
+dataset category ids, RLE masks, keypoints) right away, so only small json-ready records are kept
+and gathered across ranks; ``evaluate`` runs ``COCOeval`` once per task on rank 0 and reports
+AP, AP50, AP75, APs, APm, APl (keypoints: AP, AP50, AP75, APm, APl, as COCO has no small
+persons with keypoints) and per-category AP, in percent. Keypoint AP ranks detections by object
+keypoint similarity (OKS) with the dataset's per-keypoint constants (``keypoint_oks_sigmas``).
 
 The ground truth is a COCO json file, given directly or found through a ``metadata_fn`` that
 maps a dataset name to its metadata. Its unusable annotations (non-finite or absurd
@@ -28,6 +30,7 @@ import torch
 
 from detcore.data.datasets.coco_checks import filter_coco_dataset
 from detcore.data.datasets.coco_conversion import annotation_area, convert_to_coco_json
+from detcore.data.datasets.keypoint_meta import keypoint_metadata_from_categories
 from detcore.data.datasets.shapes import get_cache_dir
 from detcore.structures import Boxes, Instances
 from detcore.utils import strict_json
@@ -41,12 +44,13 @@ logger = logging.getLogger(__name__)
 
 RESULTS_FILE = "coco_instances_results.json"
 METRICS_FILE = "coco_eval_metrics.json"
-_TASKS = ("bbox", "segm", "box_proposals")
+_TASKS = ("bbox", "segm", "keypoints", "box_proposals")
 # Which model output each task reads: detections (Instances with pred_*) or proposals (Instances
 # with proposal_boxes and objectness_logits, as ProposalNetwork returns them).
-_OUTPUT_OF_TASK = {"bbox": "instances", "segm": "instances", "box_proposals": "proposals"}
-# COCOeval.stats[0:6], in order.
+_OUTPUT_OF_TASK = {"bbox": "instances", "segm": "instances", "keypoints": "instances", "box_proposals": "proposals"}
+# COCOeval.stats[0:6] (bbox, segm) or [0:5] (keypoints), in order.
 _AP_NAMES = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+_KEYPOINT_AP_NAMES = ("AP", "AP50", "AP75", "APm", "APl")
 
 
 def _coco_api(use_fast_impl: bool):
@@ -86,9 +90,12 @@ def _load_ground_truth(COCO, json_file: str):
 
 def _fill_missing_areas(data: dict) -> None:
     """COCOeval buckets ground truth by its "area", which hand-made jsons often leave out:
-    take the segmentation's area (the box's for box-only annotations), as COCO defines it."""
+    take the segmentation's area (the box's for box-only annotations), as COCO defines it.
+    Likewise its keypoint evaluation ignores ground truth by "num_keypoints": count them."""
     sizes = {img["id"]: (img["height"], img["width"]) for img in data.get("images", [])}
     for ann in data.get("annotations", []):
+        if "keypoints" in ann and "num_keypoints" not in ann:
+            ann["num_keypoints"] = sum(1 for v in ann["keypoints"][2::3] if v > 0)
         if "area" not in ann:
             ann["area"] = annotation_area(ann.get("segmentation"), ann["bbox"], *sizes[ann["image_id"]])
 
@@ -106,9 +113,11 @@ def instances_to_coco_json(
     """COCO result dicts for one image's predictions.
 
     ``instances`` holds ``pred_boxes`` (xyxy), ``scores``, ``pred_classes`` (contiguous
-    ``0..K-1``) and optionally ``pred_masks`` (bool ``[N, H, W]`` at ``instances.image_size``).
-    Boxes become ``[x, y, w, h]``; classes become dataset ids through ``contiguous_to_dataset_id``
-    (identity when None); masks become compressed RLE with ``counts`` as str (json-ready).
+    ``0..K-1``) and optionally ``pred_masks`` (bool ``[N, H, W]`` at ``instances.image_size``)
+    and ``pred_keypoints`` (``[N, K, 3]`` x, y, score). Boxes become ``[x, y, w, h]``; classes
+    become dataset ids through ``contiguous_to_dataset_id`` (identity when None); masks become
+    compressed RLE with ``counts`` as str (json-ready); keypoints become COCO's flat
+    ``[x1, y1, s1, ...]`` in pixel indices (x - 0.5, y - 0.5: the inverse of the loader's +0.5).
     """
     n = len(instances)
     if n == 0:
@@ -128,6 +137,15 @@ def instances_to_coco_json(
     rles = None
     if instances.has("pred_masks"):
         rles = _encode_masks(instances.pred_masks, instances.image_size)
+    keypoints = None
+    if instances.has("pred_keypoints"):
+        keypoints = instances.pred_keypoints.detach().cpu().to(torch.float64)
+        if keypoints.dim() != 3 or keypoints.shape[0] != n or keypoints.shape[2] != 3:
+            raise ValueError(
+                f"instances_to_coco_json: pred_keypoints must be [N, K, 3] (x, y, score), got {tuple(keypoints.shape)}"
+            )
+        keypoints = keypoints.clone()
+        keypoints[..., :2] -= 0.5
 
     results = []
     for i in range(n):
@@ -149,6 +167,8 @@ def instances_to_coco_json(
         }
         if rles is not None:
             result["segmentation"] = rles[i]
+        if keypoints is not None:
+            result["keypoints"] = keypoints[i].reshape(-1).tolist()
         results.append(result)
     return results
 
@@ -192,14 +212,15 @@ def _proposal_boxes(proposals: Instances) -> np.ndarray:
 
 
 class COCOEvaluator(DatasetEvaluator):
-    """COCO box / mask AP of instance predictions against a COCO json ground truth.
+    """COCO box / mask / keypoint AP of instance predictions against a COCO json ground truth.
 
     Args:
         dataset_name: path to the COCO json, or a dataset name that ``metadata_fn`` resolves.
-        tasks: any of ``"bbox"``, ``"segm"``, ``"box_proposals"``. ``"segm"`` is skipped (with a
-            warning) when the predictions carry no masks or the ground truth has no
-            segmentations. ``"box_proposals"`` reads each output's ``"proposals"`` (a
-            ProposalNetwork's) and reports AR@100 / AR@1000, all and by object size.
+        tasks: any of ``"bbox"``, ``"segm"``, ``"keypoints"``, ``"box_proposals"``. ``"segm"``
+            (``"keypoints"``) is skipped (with a warning) when the predictions carry no masks
+            (keypoints) or the ground truth has no segmentations (keypoints).
+            ``"box_proposals"`` reads each output's ``"proposals"`` (a ProposalNetwork's) and
+            reports AR@100 / AR@1000, all and by object size.
         output_dir: where ``coco_instances_results.json`` and ``coco_eval_metrics.json`` go
             (nothing is written when None).
         distributed: gather predictions from all ranks to rank 0 when torch.distributed is
@@ -214,6 +235,9 @@ class COCOEvaluator(DatasetEvaluator):
             metadata's, else the json's category ids in sorted order -> ``0..K-1``.
         per_category_ap: also report ``"AP-<category name>"`` per task.
         use_fast_impl: use faster_coco_eval when it is importable (same numbers, faster).
+        kpt_oks_sigmas: the K per-keypoint OKS constants. Default: the metadata's
+            ``keypoint_oks_sigmas``, else the json's (its categories' ``keypoint_oks_sigmas``, or
+            COCO's for COCO's 17 person keypoints).
 
     Only images passed to ``process`` are evaluated, so a run on part of a dataset is scored
     on that part (an image processed with zero detections still counts its ground truth).
@@ -231,6 +255,7 @@ class COCOEvaluator(DatasetEvaluator):
         dataset_id_to_contiguous_id: Optional[Dict[int, int]] = None,
         per_category_ap: bool = True,
         use_fast_impl: bool = True,
+        kpt_oks_sigmas: Optional[Sequence[float]] = None,
     ):
         if isinstance(tasks, str):
             tasks = (tasks,)
@@ -252,6 +277,13 @@ class COCOEvaluator(DatasetEvaluator):
             dataset_id_to_contiguous_id = _meta_get(metadata, "thing_dataset_id_to_contiguous_id")
         self._dataset_id_to_contiguous_id = self._check_mapping(dataset_id_to_contiguous_id)
         self._contiguous_to_dataset_id = {v: k for k, v in self._dataset_id_to_contiguous_id.items()}
+        if kpt_oks_sigmas is None and metadata is not None:
+            kpt_oks_sigmas = _meta_get(metadata, "keypoint_oks_sigmas")
+        if kpt_oks_sigmas is None:
+            kpt_oks_sigmas = keypoint_metadata_from_categories(
+                self._coco_gt.dataset.get("categories", []), json_file
+            ).get("keypoint_oks_sigmas")
+        self._kpt_oks_sigmas = None if kpt_oks_sigmas is None else [float(v) for v in kpt_oks_sigmas]
         self._predictions: List[dict] = []
 
     # --- setup ----------------------------------------------------------------------------------
@@ -406,18 +438,30 @@ class COCOEvaluator(DatasetEvaluator):
             if any("segmentation" not in a for a in self._coco_gt.dataset.get("annotations", [])):
                 logger.warning("COCOEvaluator: ground truth lacks 'segmentation'; skipping 'segm'.")
                 return None
+        if task == "keypoints":
+            if any("keypoints" not in r for r in coco_results):
+                logger.warning("COCOEvaluator: predictions have no pred_keypoints; skipping 'keypoints'.")
+                return None
+            if not any("keypoints" in a for a in self._coco_gt.dataset.get("annotations", [])):
+                logger.warning("COCOEvaluator: ground truth has no 'keypoints'; skipping 'keypoints'.")
+                return None
+            sigmas = self._oks_sigmas(coco_results)
         if not coco_results:
             logger.warning("COCOEvaluator: the model made no predictions; '%s' AP is 0 where there is ground truth.", task)
-            return self._no_detection_metrics(image_ids)
+            return self._no_detection_metrics(task, image_ids)
 
-        # loadRes edits the dicts it gets. For segm, drop the box so that the area (small /
-        # medium / large) comes from the mask, as for the ground truth; for bbox, drop the mask.
-        drop = "bbox" if task == "segm" else "segmentation"
-        dets = [{k: copy.deepcopy(v) for k, v in r.items() if k != drop} for r in coco_results]
+        # loadRes edits the dicts it gets, and takes each detection's area (small / medium /
+        # large) from the first of box, mask or keypoints it finds. Keep only what the task
+        # reads: the mask's area for segm, as for the ground truth; for keypoints COCO's
+        # results format (no box: the area spanned by the keypoints).
+        other = {"bbox": ("segmentation", "keypoints"), "segm": ("bbox", "keypoints"), "keypoints": ("bbox", "segmentation")}
+        dets = [{k: copy.deepcopy(v) for k, v in r.items() if k not in other[task]} for r in coco_results]
         with contextlib.redirect_stdout(io.StringIO()) as chatter:
             coco_dt = self._coco_gt.loadRes(dets)
             coco_eval = self._cocoeval_cls(self._coco_gt, coco_dt, task)
             coco_eval.params.imgIds = list(image_ids)
+            if task == "keypoints":
+                coco_eval.params.kpt_oks_sigmas = np.asarray(sigmas, dtype=np.float64)
             coco_eval.evaluate()
             coco_eval.accumulate()
         logger.debug("COCOeval (%s): %s", task, chatter.getvalue())
@@ -428,7 +472,7 @@ class COCOEvaluator(DatasetEvaluator):
         # COCOeval uses -1 for "no ground truth in this bucket"; report that as NaN.
         metrics = {
             name: float(coco_eval.stats[i] * 100) if coco_eval.stats[i] >= 0 else float("nan")
-            for i, name in enumerate(_AP_NAMES)
+            for i, name in enumerate(_KEYPOINT_AP_NAMES if task == "keypoints" else _AP_NAMES)
         }
         logger.info(
             "COCO %s: %s", task, "  ".join(f"{k} {v:.2f}" for k, v in metrics.items())
@@ -438,17 +482,37 @@ class COCOEvaluator(DatasetEvaluator):
             metrics.update(per_category)
         return metrics
 
-    def _no_detection_metrics(self, image_ids: List[int]) -> Dict[str, float]:
+    def _oks_sigmas(self, coco_results: List[dict]) -> List[float]:
+        num_keypoints = len(coco_results[0]["keypoints"]) // 3 if coco_results else None
+        if self._kpt_oks_sigmas is None:
+            raise ValueError(
+                f"COCOEvaluator: keypoint AP needs one OKS constant per keypoint, and neither the dataset's "
+                f"metadata (keypoint_oks_sigmas) nor the categories of {self._json_file} (keypoint_oks_sigmas; "
+                "only COCO's 17 person keypoints have known ones) give them; pass kpt_oks_sigmas"
+            )
+        if num_keypoints is not None and num_keypoints != len(self._kpt_oks_sigmas):
+            raise ValueError(
+                f"COCOEvaluator: the predictions have {num_keypoints} keypoints but there are "
+                f"{len(self._kpt_oks_sigmas)} OKS sigmas (keypoint_oks_sigmas)"
+            )
+        return self._kpt_oks_sigmas
+
+    def _no_detection_metrics(self, task: str, image_ids: List[int]) -> Dict[str, float]:
         """What COCOeval would report for an empty detection list (it cannot take one): 0 for
         every metric with ground truth to miss, NaN (no ground truth) elsewhere."""
         gt = self._coco_gt
         anns = [a for a in gt.loadAnns(gt.getAnnIds(imgIds=image_ids)) if not a.get("iscrowd", 0)]
+        if task == "keypoints":  # COCOeval ignores persons without labeled keypoints
+            anns = [a for a in anns if a.get("num_keypoints", 0) > 0]
         areas = [float(a.get("area", a["bbox"][2] * a["bbox"][3])) for a in anns]
-        # COCOeval's area ranges (inclusive), in the order of _AP_NAMES.
-        ranges = [(0, 1e10)] * 3 + [(0, 32**2), (32**2, 96**2), (96**2, 1e10)]
+        # COCOeval's area ranges (inclusive), in the order of the names.
+        if task == "keypoints":
+            names, ranges = _KEYPOINT_AP_NAMES, [(0, 1e10)] * 3 + [(32**2, 96**2), (96**2, 1e10)]
+        else:
+            names, ranges = _AP_NAMES, [(0, 1e10)] * 3 + [(0, 32**2), (32**2, 96**2), (96**2, 1e10)]
         metrics = {
             name: 0.0 if any(lo <= area <= hi for area in areas) else float("nan")
-            for name, (lo, hi) in zip(_AP_NAMES, ranges)
+            for name, (lo, hi) in zip(names, ranges)
         }
         if self._per_category_ap:
             present = {a["category_id"] for a in anns}

@@ -8,7 +8,7 @@ current exporter (dynamo=True) use ``export_onnx`` or pass ``onnx_translation_ta
 from .model_export import FORMATS, export_model, trace_detector
 from .onnx_ops import OPSET, export_onnx, onnx_translation_table, register_onnx_symbolics, split_roi_pool
 from .torchscript import script_exported_program
-from .wrapper import ExportableDetector, paste_masks, resize_for_model
+from .wrapper import ExportableDetector, decode_keypoints, paste_masks, resize_for_model
 
 register_onnx_symbolics()
 
@@ -16,6 +16,7 @@ __all__ = [
     "ExportableDetector",
     "FORMATS",
     "OPSET",
+    "decode_keypoints",
     "export_model",
     "export_onnx",
     "onnx_translation_table",

@@ -2,10 +2,10 @@
 or ONNX (.onnx), with a JSON beside it that says how to feed it and read its outputs.
 
 The graph is ``ExportableDetector`` (see wrapper.py): one uint8 image of any height and width in,
-boxes / scores / classes (and M×M mask probabilities) out; for a ProposalNetwork, proposal boxes
-and their objectness logits. TorchScript and ONNX are converted from the same ExportedProgram:
-TorchScript prints its graph (torchscript.py), ONNX translates it, with detcore's ops as
-NonMaxSuppression / RoiAlign (onnx_ops.py).
+boxes / scores / classes (and M×M mask probabilities, S×S keypoint heatmaps) out; for a
+ProposalNetwork, proposal boxes and their objectness logits. TorchScript and ONNX are converted
+from the same ExportedProgram: TorchScript prints its graph (torchscript.py), ONNX translates it,
+with detcore's ops as NonMaxSuppression / RoiAlign (onnx_ops.py).
 
 TEST.PRECISION bfloat16 exports the graph autocast makes: bfloat16 convolutions and matrix
 products, float32 where the model keeps float32, the weights stored in float32 and cast in the
@@ -36,9 +36,10 @@ _HOW_TO_LOAD = {
 _FILE_NAMES = {"torchscript": "model.ts", "exported_program": "model.pt2", "onnx": "model.onnx"}
 
 
-def _example_image(cfg, input_layout: str) -> torch.Tensor:
-    """A uint8 image of the model's test resolution (the graph keeps height and width dynamic)."""
-    side = int(cfg.INPUT.MIN_SIZE_TEST) or 256
+def _example_image(cfg, input_layout: str, min_side: int) -> torch.Tensor:
+    """A uint8 image of the model's test resolution, or of the smallest size the graph serves if
+    that is larger (the graph keeps height and width dynamic)."""
+    side = max(int(cfg.INPUT.MIN_SIZE_TEST) or 256, min_side)
     generator = torch.Generator().manual_seed(0)
     image = torch.randint(0, 256, (3, side, side * 4 // 3), generator=generator, dtype=torch.uint8)
     return image.permute(1, 2, 0).contiguous() if input_layout == "HWC" else image
@@ -73,7 +74,7 @@ def export_model(
 
     Args:
         cfg: the config the model was built from (kept in the JSON).
-        model: a GeneralizedRCNN or ProposalNetwork with its weights loaded.
+        model: a detector (GeneralizedRCNN, RetinaNet, ProposalNetwork) with its weights loaded.
         fmt: one of FORMATS.
         sample_image: a uint8 image in ``input_layout`` to trace with (a random one at the
             config's test size otherwise); any size works afterwards.
@@ -95,12 +96,18 @@ def export_model(
             "--format exported_program / torchscript, which keep the bfloat16 graph."
         )
     detector = ExportableDetector(model, input_layout, batch_size, cfg.TEST.PRECISION)
-    image = sample_image if sample_image is not None else _example_image(cfg, input_layout)
+    image = sample_image if sample_image is not None else _example_image(cfg, input_layout, detector.min_side)
     expected_channels_axis = -1 if input_layout == "HWC" else 0
     if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[expected_channels_axis] != 3:
         raise ValueError(
             f"export_model: sample_image must be a uint8 {input_layout} image with 3 channels, got "
             f"{image.dtype} of shape {tuple(image.shape)}"
+        )
+    spatial = image.shape[:2] if input_layout == "HWC" else image.shape[1:]
+    if min(spatial) < detector.min_side:
+        raise ValueError(
+            f"export_model: sample_image is {spatial[0]} x {spatial[1]} px; this model's graph needs images of at "
+            f"least {detector.min_side} px on each side (its coarsest feature map must be 2 x 2 or larger)"
         )
     if batch_size is not None:
         image = image.unsqueeze(0).repeat(batch_size, *([1] * image.dim()))
@@ -127,6 +134,13 @@ def export_model(
     return {"model": path, "metadata": metadata_path}
 
 
+def _score_threshold(cfg) -> float:
+    """The test score threshold of the config's architecture."""
+    if cfg.MODEL.META_ARCHITECTURE == "RetinaNet":
+        return cfg.MODEL.RETINANET.SCORE_THRESH_TEST
+    return cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST
+
+
 def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class_names) -> dict:
     min_size, max_size = int(cfg.INPUT.MIN_SIZE_TEST), int(cfg.INPUT.MAX_SIZE_TEST)
     return {
@@ -138,10 +152,17 @@ def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class
             "layout": detector.input_layout,
             "shape": _expected_shape(detector),
             "channel_order": cfg.INPUT.FORMAT,
-            "size": "any height and width",
+            "size": f"any height and width of at least {detector.min_side} px",
+            "min_side": detector.min_side,
             "resize_before": (
                 f"shortest edge to {min_size}, longest at most {max_size} (detcore.export.resize_for_model); "
                 "boxes come out in the pixels of the image given" if min_size > 0 else "none"
+            )
+            + (
+                f" (OpenCV's uint8 resize: the config's INPUT.RESIZE_MODE '{cfg.INPUT.RESIZE_MODE}' is not "
+                "reproduced for the graph's uint8 input)"
+                if min_size > 0 and cfg.INPUT.RESIZE_MODE != "opencv"
+                else ""
             ),
             "min_size_test": min_size,
             "max_size_test": max_size,
@@ -150,9 +171,15 @@ def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class
         "outputs": list(detector.output_names),
         "load": _HOW_TO_LOAD[fmt],
         "class_names": list(class_names) if class_names else None,
-        "score_threshold": None if detector.proposals_only else float(cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST),
+        "score_threshold": None if detector.proposals_only else float(_score_threshold(cfg)),
         "mask_threshold": float(cfg.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD) if detector.mask_on else None,
         "mask_paste_mode": cfg.MODEL.ROI_MASK_HEAD.PASTE_MODE if detector.mask_on else None,
+        "keypoint_decode": (
+            "detcore.export.decode_keypoints(keypoint_heatmaps, boxes): per box, the heatmaps resized "
+            "bicubically to the box's size in pixels (rounded up), the best pixel's center and logit"
+            if detector.keypoint_on else None
+        ),
+        "box_legacy_plus_one": bool(cfg.MODEL.BOX_LEGACY_PLUS_ONE),
         "onnx_opset": OPSET if fmt == "onnx" else None,
         "config": cfg.dump(),
         "versions": {

@@ -1,16 +1,23 @@
 """The export-facing form of a detector: tensors in, tensors out, one graph.
 
-``ExportableDetector(model)`` runs a GeneralizedRCNN on one uint8 image in the model's channel
-order (INPUT.FORMAT) and returns plain tensors (with ``batch_size=B``, on a batch of B equally
+``ExportableDetector(model)`` runs a detector (GeneralizedRCNN, RetinaNet) on one uint8 image in
+the model's channel order (INPUT.FORMAT) and returns plain tensors (with ``batch_size=B``, on a batch of B equally
 sized images, the detections of all of them, with ``image_index`` [N] saying whose each is):
 
 * ``boxes``: float32 ``[N, 4]`` xyxy in the input image's pixels;
 * ``scores``: float32 ``[N]``; ``classes``: int64 ``[N]`` in ``[0, NUM_CLASSES)``;
 * ``mask_probs`` (Mask R-CNN only): float32 ``[N, M, M]`` mask probabilities of each detection's
-  class, in its box (M = 28 for the standard FPN head, 14 for C4).
+  class, in its box (M = 28 for the standard FPN head, 14 for C4);
+* ``keypoint_heatmaps`` (Keypoint R-CNN only): float32 ``[N, K, S, S]`` heatmap logits of each
+  detection's K keypoints, in its box (S = 56 for the standard head).
 
 A ProposalNetwork (RPN-only) gives its proposals instead: ``boxes`` float32 ``[N, 4]`` and
 ``objectness_logits`` float32 ``[N]``, by decreasing objectness.
+
+Images must be larger than the backbone's coarsest stride on each side (65 px for the R-CNNs'
+P6, 129 px for RetinaNet's P7), so that every feature map is at least 2 x 2: torch chooses conv
+and norm kernels by whether a side is 1, so a graph traced with larger maps would not serve a 1-px
+map. ``min_side`` says the bound; the graph refuses smaller images.
 
 Normalization and padding are in the graph; resizing is not: torch.export cannot keep a resize
 whose output size depends on the input's through a min/max rule as one graph for every size, so
@@ -19,6 +26,10 @@ the caller resizes (``resize_for_model``), or exports for images already at mode
 Masks come out as the head's M×M probabilities, not pasted full-image masks: a full-image mask
 per detection is N×H×W (100 × 800 × 1333 floats is 400 MB) and pasting is a per-box loop that
 exports poorly; ``paste_masks`` (the model's own paste) turns them into image masks on the host.
+Keypoints come out as heatmaps for the same reason: decoding resizes each box's maps to the box's
+own size in pixels before taking the best pixel (how every reference decodes, so published weights
+predict what they predict there), a per-box output size no static graph can hold;
+``decode_keypoints`` (the model's own decoding) turns them into ``[N, K, 3]`` keypoints.
 """
 from typing import Optional, Tuple
 
@@ -27,19 +38,20 @@ from torch import Tensor, nn
 
 from detcore.data.transforms import ResizeShortestEdge
 from detcore.modeling import ProposalNetwork
-from detcore.structures import Boxes
+from detcore.structures import Boxes, heatmaps_to_keypoints, to_legacy_plus_one
 from detcore.structures.mask_paste import paste_masks_in_image
 from detcore.utils.precision import check_precision, inference_autocast
 
-__all__ = ["ExportableDetector", "paste_masks", "resize_for_model"]
+__all__ = ["ExportableDetector", "decode_keypoints", "paste_masks", "resize_for_model"]
 
 INPUT_LAYOUTS = ("CHW", "HWC")
 
 
 class ExportableDetector(nn.Module):
     """Args:
-        model: a GeneralizedRCNN or ProposalNetwork in eval mode.
+        model: a detcore detector (GeneralizedRCNN, RetinaNet, ProposalNetwork) in eval mode.
         input_layout: "CHW" (``[3, H, W]``) or "HWC" (``[H, W, 3]``, as OpenCV reads images).
+        batch_size: None for one image; B for a batch of B equally sized images.
         precision: TEST.PRECISION; "bfloat16" runs the network under ``torch.autocast`` (the
             outputs stay float32).
     """
@@ -58,12 +70,22 @@ class ExportableDetector(nn.Module):
         self.batch_size = batch_size
         self.precision = precision
         self.proposals_only = isinstance(model, ProposalNetwork)
-        self.mask_on = bool(getattr(getattr(model, "roi_heads", None), "mask_on", False))
+        self.mask_on = bool(getattr(model, "mask_on", False))
+        roi_heads = getattr(model, "roi_heads", None)  # a ProposalNetwork or RetinaNet has none
+        self.keypoint_on = bool(getattr(roi_heads, "keypoint_on", False))
+        self.min_side = max(shape.stride for shape in model.backbone.output_shape().values()) + 1
 
     def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
         images = [image] if self.batch_size is None else [image[i] for i in range(self.batch_size)]
         if self.input_layout == "HWC":
             images = [x.permute(2, 0, 1) for x in images]
+        height, width = images[0].shape[-2:]
+        # In the exported graph, a bound on the input's size ("Guard failed: ... >= min_side").
+        torch._check(
+            (height >= self.min_side) & (width >= self.min_side),
+            lambda: f"ExportableDetector: images must be at least {self.min_side} px on each side (the coarsest "
+            f"feature map must be 2 x 2 or larger), got {height} x {width}",
+        )
         with inference_autocast(self.precision, self.model.device):
             results = self.model.inference([{"image": x} for x in images], do_postprocess=False)
         per_image = [self._outputs(result) for result in results]
@@ -87,6 +109,8 @@ class ExportableDetector(nn.Module):
         outputs = (boxes[keep], result.scores[keep], result.pred_classes[keep])
         if self.mask_on:
             outputs += (result.pred_masks[keep][:, 0],)
+        if self.keypoint_on:
+            outputs += (result.pred_keypoint_heatmaps[keep],)
         return outputs
 
     @property
@@ -95,6 +119,7 @@ class ExportableDetector(nn.Module):
             names = ("boxes", "objectness_logits")
         else:
             names = ("boxes", "scores", "classes") + (("mask_probs",) if self.mask_on else ())
+            names += ("keypoint_heatmaps",) if self.keypoint_on else ()
         return names + (("image_index",) if self.batch_size is not None else ())
 
 
@@ -109,10 +134,25 @@ def resize_for_model(image: Tensor, min_size: int, max_size: int) -> Tuple[Tenso
 
 
 def paste_masks(
-    mask_probs: Tensor, boxes: Tensor, height: int, width: int, threshold: float = 0.5, mode: str = "aligned"
+    mask_probs: Tensor,
+    boxes: Tensor,
+    height: int,
+    width: int,
+    threshold: float = 0.5,
+    mode: str = "aligned",
+    legacy_plus_one: bool = False,
 ) -> Tensor:
     """``[N, M, M]`` mask probabilities and their ``[N, 4]`` boxes (in an image of ``height`` ×
     ``width``) → ``[N, height, width]`` bool masks, as the eager model pastes them (threshold and
     mode: the config's MODEL.ROI_MASK_HEAD.MASK_THRESHOLD and PASTE_MODE, kept in the export's
-    JSON)."""
+    JSON; ``legacy_plus_one``: MODEL.BOX_LEGACY_PLUS_ONE, which pastes into (x1, y1, x2 - 1, y2 - 1))."""
+    if legacy_plus_one:
+        boxes = to_legacy_plus_one(boxes)
     return paste_masks_in_image(mask_probs, boxes, (height, width), threshold=threshold, mode=mode)
+
+
+def decode_keypoints(keypoint_heatmaps: Tensor, boxes: Tensor) -> Tensor:
+    """``[N, K, S, S]`` heatmap logits and their ``[N, 4]`` boxes (both as the graph gives them)
+    → ``[N, K, 3]`` keypoints (x, y, score: the heatmap logit there) in the boxes' pixels, as the
+    eager model decodes them. Scale x and y like the boxes to map them to another image size."""
+    return heatmaps_to_keypoints(torch.as_tensor(keypoint_heatmaps), torch.as_tensor(boxes))

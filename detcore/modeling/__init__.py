@@ -3,13 +3,15 @@ from .anchor_generator import ANCHOR_GENERATOR_REGISTRY, build_anchor_generator
 from .backbone import BACKBONE_REGISTRY, build_backbone
 from .box_regression import Box2BoxTransform
 from .matcher import Matcher
-from .meta_arch import META_ARCH_REGISTRY, DetectorBase, GeneralizedRCNN, ProposalNetwork, build_model
+from .meta_arch import META_ARCH_REGISTRY, DetectorBase, GeneralizedRCNN, ProposalNetwork, RetinaNet, build_model
 from .poolers import ROIPooler
+from .retinanet_head import RetinaNetHead
 from .proposal_generator import PROPOSAL_GENERATOR_REGISTRY, RPN, RPN_HEAD_REGISTRY, build_proposal_generator
 from .roi_heads import (
     ROI_BOX_HEAD_REGISTRY,
     ROI_BOX_PREDICTOR_REGISTRY,
     ROI_HEADS_REGISTRY,
+    ROI_KEYPOINT_HEAD_REGISTRY,
     ROI_MASK_HEAD_REGISTRY,
     Res5ROIHeads,
     StandardROIHeads,
@@ -28,6 +30,7 @@ __all__ = [
     "ROI_BOX_HEAD_REGISTRY",
     "ROI_BOX_PREDICTOR_REGISTRY",
     "ROI_MASK_HEAD_REGISTRY",
+    "ROI_KEYPOINT_HEAD_REGISTRY",
     "Box2BoxTransform",
     "DetectorBase",
     "GeneralizedRCNN",
@@ -36,6 +39,8 @@ __all__ = [
     "ProposalNetwork",
     "RPN",
     "ROIPooler",
+    "RetinaNet",
+    "RetinaNetHead",
     "Res5ROIHeads",
     "StandardROIHeads",
     "build_anchor_generator",

@@ -14,7 +14,7 @@ from typing import Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Box2BoxTransform", "box_regression_loss", "giou_loss"]
+__all__ = ["Box2BoxTransform", "box_loss", "box_regression_loss", "giou_loss"]
 
 # exp(dw) may not exceed 1000 / 16: a 16 px box can grow to at most 1000 px in one step. Without a
 # clamp an early, untrained regression output overflows exp() to inf.
@@ -161,3 +161,27 @@ def giou_loss(boxes1: torch.Tensor, boxes2: torch.Tensor, eps: float = 1e-7) -> 
     hull = (torch.maximum(x2, u2) - torch.minimum(x1, u1)) * (torch.maximum(y2, v2) - torch.minimum(y1, v1))
     giou = iou - (hull - union) / (hull + eps)
     return (1.0 - giou).sum()
+
+
+def box_loss(
+    box2box_transform: Box2BoxTransform,
+    src_boxes: torch.Tensor,
+    pred_deltas: torch.Tensor,
+    gt_boxes: torch.Tensor,
+    loss_type: str = "smooth_l1",
+    smooth_l1_beta: float = 0.0,
+) -> torch.Tensor:
+    """The summed box loss of ``[N, 4]`` predicted deltas relative to ``src_boxes`` (anchors or
+    proposals) against their ``gt_boxes``: ``"smooth_l1"`` / ``"l1"`` on the deltas (the targets
+    encoded by ``box2box_transform``) or ``"giou"`` on the decoded boxes. The one box loss of the
+    RPN, the Fast R-CNN head and RetinaNet; callers divide by their own normalizer.
+
+    Computed in float32 at least: under AMP the deltas are half precision, the boxes need not be.
+    """
+    pred_deltas = pred_deltas.to(torch.promote_types(pred_deltas.dtype, torch.float32))
+    src_boxes = src_boxes.to(pred_deltas.dtype)
+    gt_boxes = gt_boxes.to(pred_deltas.dtype)
+    if loss_type == "giou":
+        return giou_loss(box2box_transform.apply_deltas(pred_deltas, src_boxes), gt_boxes)
+    target = box2box_transform.get_deltas(src_boxes, gt_boxes)
+    return box_regression_loss(pred_deltas, target, loss_type, smooth_l1_beta)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from detcore.layers import roi_align
-from detcore.structures import Boxes
+from detcore.structures import Boxes, to_legacy_plus_one
 from detcore.config.choices import LEVEL_MAPPERS
 
 __all__ = ["ROIPooler", "assign_boxes_to_levels"]
@@ -34,8 +34,9 @@ def assign_boxes_to_levels(
     Level = floor(canonical_level + log2(sqrt(area) / canonical_box_size + 1e-8)), clamped to
     [min_level, max_level]. ``level_mapper="torchvision"`` puts the eps outside the log instead,
     floor(canonical_level + log2(sqrt(area) / canonical_box_size) + 1e-6), as torchvision's
-    LevelMapper does. A box exactly at a level boundary (e.g. 112 px) lands on the same level
-    either way; one whose log2 lies within 1e-6 below a boundary goes one level up with it.
+    LevelMapper does; "maskrcnn_benchmark" keeps it inside, 1e-6 (its LevelMapper). A box exactly
+    at a level boundary (e.g. 112 px) lands on the same level either way; one just below a
+    boundary may go one level up.
 
     Returns:
         int64 Tensor[R] (R: boxes over all images, in order) of level indices *relative to
@@ -49,7 +50,8 @@ def assign_boxes_to_levels(
         levels = torch.floor(canonical_level + torch.log2(box_sizes / canonical_box_size) + eps)
     else:
         # eps keeps log2 finite for zero-area boxes (they land on the finest level).
-        levels = torch.floor(canonical_level + torch.log2(box_sizes / canonical_box_size + 1e-8))
+        eps = 1e-6 if level_mapper == "maskrcnn_benchmark" else 1e-8
+        levels = torch.floor(canonical_level + torch.log2(box_sizes / canonical_box_size + eps))
     levels = torch.clamp(levels, min=min_level, max=max_level)
     return levels.to(torch.int64) - min_level
 
@@ -82,6 +84,9 @@ class ROIPooler(nn.Module):
         aligned: `roi_align`'s half-pixel correction (True for models with xyxy, no +1 boxes).
         canonical_box_size, canonical_level, level_mapper: the level-assignment rule (see
             `assign_boxes_to_levels`).
+        legacy_plus_one: pool each box as Detectron's ROIAlign sees it, ``(x1, y1, x2 - 1,
+            y2 - 1)`` (its inclusive corners; with ``aligned=False``, as theirs). The level still
+            comes from the box's own area, which is theirs with the "+1".
     """
 
     def __init__(
@@ -93,6 +98,7 @@ class ROIPooler(nn.Module):
         canonical_box_size: float = 224,
         canonical_level: int = 4,
         level_mapper: str = "detectron2",
+        legacy_plus_one: bool = False,
     ):
         super().__init__()
         if isinstance(output_size, int):
@@ -120,6 +126,7 @@ class ROIPooler(nn.Module):
         if level_mapper not in _LEVEL_MAPPERS:
             raise ValueError(f"ROIPooler: level_mapper must be one of {_LEVEL_MAPPERS}, got {level_mapper!r}")
         self.level_mapper = level_mapper
+        self.legacy_plus_one = bool(legacy_plus_one)
 
     def forward(self, x: List[Tensor], box_lists: List[Boxes]) -> Tensor:
         """
@@ -145,6 +152,8 @@ class ROIPooler(nn.Module):
             return x[0].new_zeros((0, channels) + self.output_size)
 
         rois = _boxes_to_rois(box_lists).to(device=x[0].device)
+        if self.legacy_plus_one:
+            rois = torch.cat([rois[:, :1], to_legacy_plus_one(rois[:, 1:])], dim=1)
         if len(self.scales) == 1:
             return self._pool(x[0], rois, self.scales[0])
 
@@ -180,4 +189,5 @@ class ROIPooler(nn.Module):
             f"output_size={self.output_size}, scales={self.scales}, sampling_ratio={self.sampling_ratio}, "
             f"aligned={self.aligned}, canonical_box_size={self.canonical_box_size}, "
             f"canonical_level={self.canonical_level}, level_mapper={self.level_mapper!r}"
+            + (", legacy_plus_one=True" if self.legacy_plus_one else "")
         )

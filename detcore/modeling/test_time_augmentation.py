@@ -14,6 +14,11 @@ detectron2; maskrcnn-benchmark merges the candidates before NMS. Box voting (Det
 TEST.BBOX_VOTE, Gidaris & Komodakis 2015) replaces each kept box by the score-weighted mean of
 all same-class detections that overlap it by at least ``box_voting_iou``; scores are kept.
 
+Each scale is resized as the test loader resizes (``resize_mode``: INPUT.RESIZE_MODE), so a preset
+that reproduces another library's preprocessing keeps doing so under TTA. With the model's
+``legacy_plus_one`` (MODEL.BOX_LEGACY_PLUS_ONE) boxes are mapped between frames, clipped and
+pasted on their inclusive corners, as maskrcnn-benchmark's BoxList.resize does.
+
 The features of every augmentation are kept until the mask pass (no second pass through the
 body, which detectron2 makes): memory grows with the number of augmentations, as it does for
 detectron2's single batch of them.
@@ -25,9 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from detcore.config.choices import TTA_MERGE_MODES
+from detcore.config.choices import RESIZE_MODES, TTA_MERGE_MODES
 from detcore.data.transforms import HFlipTransform, NoOpTransform, ResizeShortestEdge, ResizeTransform, Transform, TransformList
-from detcore.structures import Boxes, Instances, pairwise_iou
+from detcore.structures import Boxes, Instances, from_legacy_plus_one, pairwise_iou, to_legacy_plus_one
 from detcore.utils.precision import full_precision
 
 from .postprocessing import detector_postprocess
@@ -63,6 +68,7 @@ def merge_detections(
     num_classes: int,
     nms_thresh: float,
     detections_per_image: int,
+    legacy_plus_one: bool = False,
 ) -> Instances:
     """Per-class NMS over detections pooled from several augmentations (all in the frame of
     ``image_size``, boxes clipped to it), best ``detections_per_image`` kept, by decreasing score.
@@ -72,7 +78,9 @@ def merge_detections(
     one_hot = torch.zeros((len(scores), num_classes + 1), dtype=scores.dtype, device=scores.device)
     one_hot[torch.arange(len(scores), device=scores.device), classes] = scores
     # Threshold 0: every pooled detection already passed the model's score threshold (scores > it).
-    merged, _ = fast_rcnn_inference_single_image(boxes, one_hot, image_size, 0.0, nms_thresh, detections_per_image)
+    merged, _ = fast_rcnn_inference_single_image(
+        boxes, one_hot, image_size, 0.0, nms_thresh, detections_per_image, legacy_plus_one=legacy_plus_one
+    )
     return merged
 
 
@@ -87,10 +95,17 @@ def _mask_branch_off(roi_heads: nn.Module):
         roi_heads.mask_on = mask_on
 
 
-def _map_boxes(boxes: Tensor, transform: Transform) -> Tensor:
-    """``[N, 4]`` boxes moved by ``transform`` (float64 numpy geometry), back on their device."""
-    mapped = transform.apply_box(boxes.detach().cpu().double().numpy())
-    return torch.from_numpy(mapped).to(device=boxes.device, dtype=boxes.dtype)
+def _map_boxes(boxes: Tensor, transform: Transform, legacy_plus_one: bool = False) -> Tensor:
+    """``[N, 4]`` boxes moved by ``transform`` (float64 numpy geometry), back on their device;
+    with ``legacy_plus_one`` their inclusive corners are moved (a flip maps both the same way)."""
+    device, dtype = boxes.device, boxes.dtype
+    boxes = boxes.detach().cpu().double()
+    if legacy_plus_one:
+        boxes = to_legacy_plus_one(boxes)
+    mapped = torch.from_numpy(transform.apply_box(boxes.numpy()))
+    if legacy_plus_one:
+        mapped = from_legacy_plus_one(mapped)
+    return mapped.to(device=device, dtype=dtype)
 
 
 class GeneralizedRCNNWithTTA(nn.Module):
@@ -111,6 +126,7 @@ class GeneralizedRCNNWithTTA(nn.Module):
         nms_thresh, detections_per_image: the merge's per-class NMS IoU and top-k.
         merge: "nms" or "box_voting".
         box_voting_iou: IoU at or above which a detection votes for a kept box.
+        resize_mode: how each scale is resized (one of RESIZE_MODES, see ResizeTransform).
     """
 
     def __init__(
@@ -124,6 +140,7 @@ class GeneralizedRCNNWithTTA(nn.Module):
         detections_per_image: int = 100,
         merge: str = "nms",
         box_voting_iou: float = 0.8,
+        resize_mode: str = "opencv",
     ):
         super().__init__()
         missing = [a for a in ("preprocess_image", "backbone", "proposal_generator", "roi_heads") if not hasattr(model, a)]
@@ -131,6 +148,12 @@ class GeneralizedRCNNWithTTA(nn.Module):
             raise TypeError(
                 f"GeneralizedRCNNWithTTA (TEST.AUG.ENABLED): the model must be a two-stage detector like GeneralizedRCNN; "
                 f"{type(model).__name__} has no {missing}"
+            )
+        if getattr(model.roi_heads, "keypoint_on", False):
+            # Averaging keypoints over flips needs the dataset's left/right pairs; not done yet.
+            raise ValueError(
+                "GeneralizedRCNNWithTTA: test-time augmentation of keypoints is not supported; set "
+                "TEST.AUG.ENABLED False or MODEL.KEYPOINT_ON False"
             )
         min_sizes = (min_sizes,) if isinstance(min_sizes, (int, np.integer)) else tuple(int(s) for s in min_sizes)
         if not min_sizes or any(s < 0 for s in min_sizes):
@@ -141,7 +164,11 @@ class GeneralizedRCNNWithTTA(nn.Module):
             raise ValueError(f"GeneralizedRCNNWithTTA: merge must be one of {list(TTA_MERGE_MODES)}, got {merge!r}")
         if not 0.0 <= box_voting_iou <= 1.0:
             raise ValueError(f"GeneralizedRCNNWithTTA: box_voting_iou must lie in [0, 1], got {box_voting_iou}")
+        if resize_mode not in RESIZE_MODES:
+            raise ValueError(f"GeneralizedRCNNWithTTA: resize_mode must be one of {list(RESIZE_MODES)}, got {resize_mode!r}")
         self.model = model
+        self.resize_mode = resize_mode
+        self.legacy_plus_one = bool(getattr(model, "legacy_plus_one", False))
         self.min_sizes, self.max_size, self.flip = min_sizes, int(max_size), bool(flip)
         self.nms_thresh, self.detections_per_image = float(nms_thresh), int(detections_per_image)
         self.merge, self.box_voting_iou = merge, float(box_voting_iou)
@@ -159,6 +186,7 @@ class GeneralizedRCNNWithTTA(nn.Module):
             "detections_per_image": cfg.TEST.DETECTIONS_PER_IMAGE,
             "merge": aug.MERGE,
             "box_voting_iou": aug.BOX_VOTING_IOU,
+            "resize_mode": cfg.INPUT.RESIZE_MODE,
         }
 
     def augment(self, image: np.ndarray, orig_size: Tuple[int, int]) -> List[Tuple[np.ndarray, TransformList]]:
@@ -169,7 +197,7 @@ class GeneralizedRCNNWithTTA(nn.Module):
         given = NoOpTransform() if (h, w) == (orig_h, orig_w) else ResizeTransform(orig_h, orig_w, h, w)
         out = []
         for size in self.min_sizes:
-            resize = ResizeShortestEdge.test_transform(h, w, size, self.max_size)
+            resize = ResizeShortestEdge.test_transform(h, w, size, self.max_size, self.resize_mode)
             resized = resize.apply_image(image)
             out.append((resized, TransformList([given, resize])))
             if self.flip:
@@ -202,7 +230,7 @@ class GeneralizedRCNNWithTTA(nn.Module):
                 features = model.backbone(images.tensor)
                 proposals, _ = model.proposal_generator(images, features, None)
                 detections = roi_heads(images, features, proposals, None)[0][0]
-                boxes.append(_map_boxes(detections.pred_boxes.tensor, transform.inverse()))
+                boxes.append(_map_boxes(detections.pred_boxes.tensor, transform.inverse(), self.legacy_plus_one))
                 scores.append(detections.scores)
                 classes.append(detections.pred_classes)
                 if mask_on:
@@ -210,7 +238,14 @@ class GeneralizedRCNNWithTTA(nn.Module):
 
         boxes, scores, classes = torch.cat(boxes), torch.cat(scores), torch.cat(classes)
         merged = merge_detections(
-            boxes, scores, classes, orig_size, roi_heads.num_classes, self.nms_thresh, self.detections_per_image
+            boxes,
+            scores,
+            classes,
+            orig_size,
+            roi_heads.num_classes,
+            self.nms_thresh,
+            self.detections_per_image,
+            self.legacy_plus_one,
         )
         if self.merge == "box_voting":
             merged.pred_boxes = Boxes(
@@ -218,7 +253,11 @@ class GeneralizedRCNNWithTTA(nn.Module):
             )
         if mask_on:
             merged.pred_masks = self._average_masks(merged, augmented, kept_features)
-        return {"instances": detector_postprocess(merged, *orig_size, model.mask_threshold, model.paste_mode)}
+        return {
+            "instances": detector_postprocess(
+                merged, *orig_size, model.mask_threshold, model.paste_mode, self.legacy_plus_one
+            )
+        }
 
     def _average_masks(self, merged: Instances, augmented, kept_features) -> Tensor:
         """``[N, 1, M, M]``: the mask branch run on the merged boxes in every augmentation's frame,
@@ -227,7 +266,7 @@ class GeneralizedRCNNWithTTA(nn.Module):
         probs = []
         for (_, transform), (features, image_size) in zip(augmented, kept_features):
             instances = Instances(tuple(image_size))
-            instances.pred_boxes = Boxes(_map_boxes(merged.pred_boxes.tensor, transform))
+            instances.pred_boxes = Boxes(_map_boxes(merged.pred_boxes.tensor, transform, self.legacy_plus_one))
             instances.pred_classes = merged.pred_classes
             masks = roi_heads.forward_with_given_boxes(features, [instances])[0].pred_masks
             # Mask cell j of a box spans the same part of the object as cell M - 1 - j of its mirror.

@@ -4,6 +4,12 @@ One convention everywhere: float ``(x1, y1, x2, y2)`` with width = x2 - x1 and h
 (no legacy "+1"). A pixel with integer index ``j`` covers ``[j, j + 1)``, so a box that exactly
 covers pixels 3..5 is ``x1 = 3, x2 = 6``. COCO json stores ``(x, y, w, h)``; convert at the border
 with :func:`xywh_to_xyxy` / :func:`xyxy_to_xywh`.
+
+Detectron and maskrcnn-benchmark count a box's pixels inclusively (width = x2 - x1 + 1, so the
+same box is ``x2 = 5`` there): their box coder, IoU and NMS give the same numbers on detcore's
+boxes, but clipping, ROIAlign, mask pasting and rescaling do not. Models that run their weights
+(MODEL.BOX_LEGACY_PLUS_ONE) keep detcore's boxes and use :func:`clip_limits` and
+:func:`to_legacy_plus_one` / :func:`from_legacy_plus_one` where those differ.
 """
 import numbers
 from typing import Sequence, Tuple, Union
@@ -13,6 +19,9 @@ import torch
 
 __all__ = [
     "Boxes",
+    "clip_limits",
+    "from_legacy_plus_one",
+    "to_legacy_plus_one",
     "pairwise_intersection",
     "pairwise_iou",
     "pairwise_ioa",
@@ -98,16 +107,15 @@ class Boxes:
         """``[N, 2]`` box centers as (x, y)."""
         return (self.tensor[:, :2] + self.tensor[:, 2:]) * 0.5
 
-    def clip(self, image_size: Tuple[int, int]) -> "Boxes":
-        """Clamp x into ``[0, w]`` and y into ``[0, h]`` in place; ``image_size`` is ``(h, w)``."""
-        h, w = _check_image_size(image_size, "Boxes.clip")
+    def clip(self, image_size: Tuple[int, int], legacy_plus_one: bool = False) -> "Boxes":
+        """Clamp x into ``[0, w]`` and y into ``[0, h]`` in place; ``image_size`` is ``(h, w)``
+        (see :func:`clip_limits` for ``legacy_plus_one``)."""
+        limits = clip_limits(_check_image_size(image_size, "Boxes.clip"), legacy_plus_one)
         t = self.tensor
         # Clamp each coordinate separately: torch.clamp with tensor bounds would need broadcasting
         # tensors on the boxes' device for nothing.
-        t[:, 0].clamp_(min=0, max=w)
-        t[:, 1].clamp_(min=0, max=h)
-        t[:, 2].clamp_(min=0, max=w)
-        t[:, 3].clamp_(min=0, max=h)
+        for i, (lo, hi) in enumerate(limits):
+            t[:, i].clamp_(min=lo, max=hi)
         return self
 
     def nonempty(self, threshold: float = 0.0) -> torch.Tensor:
@@ -131,6 +139,26 @@ class Boxes:
         self.tensor[:, 0::2] *= scale_x
         self.tensor[:, 1::2] *= scale_y
         return self
+
+
+def clip_limits(image_size: Tuple[int, int], legacy_plus_one: bool = False) -> Tuple[Tuple[int, int], ...]:
+    """(lowest, highest) of x1, y1, x2, y2 for boxes clipped to an image of ``(h, w)``: x in
+    ``[0, w]``, y in ``[0, h]``. With ``legacy_plus_one``, Detectron's clip of its inclusive
+    corners to ``[0, w - 1]``: x1 in ``[0, w - 1]``, x2 in ``[1, w]`` (and so for y)."""
+    h, w = image_size
+    if legacy_plus_one:
+        return (0, w - 1), (0, h - 1), (1, w), (1, h)
+    return (0, w), (0, h), (0, w), (0, h)
+
+
+def to_legacy_plus_one(boxes: torch.Tensor) -> torch.Tensor:
+    """``[..., 4]`` detcore boxes as Detectron writes them: ``(x1, y1, x2 - 1, y2 - 1)``."""
+    return torch.cat([boxes[..., :2], boxes[..., 2:] - 1], dim=-1)
+
+
+def from_legacy_plus_one(boxes: torch.Tensor) -> torch.Tensor:
+    """Detectron's inclusive ``(x1, y1, x2, y2)`` as detcore boxes: ``(x1, y1, x2 + 1, y2 + 1)``."""
+    return torch.cat([boxes[..., :2], boxes[..., 2:] + 1], dim=-1)
 
 
 def _check_image_size(image_size, name: str) -> Tuple[int, int]:

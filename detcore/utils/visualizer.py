@@ -1,25 +1,29 @@
-"""Draw detections (boxes, masks, class names, scores) into a BGR image with OpenCV only.
+"""Draw detections (boxes, masks, keypoints and their skeleton, class names, scores) into a BGR
+image with OpenCV only.
 
 Every class keeps one colour in every picture (``class_color``), so pictures from different
 images or checkpoints can be compared at a glance. Line widths and text size follow the image
-size. A small image (the 96-160 px shapes images) is drawn scaled up by a whole factor
-(``upscale_factor``, ``draw_instances(scale=...)``): at its own size a readable label covers the
-object it names.
+size. Keypoints are dots coloured by side (left, right, middle, from their names), so a
+left/right mix-up shows at a glance, on the instance's skeleton drawn in its class colour. A small
+image (the 96-160 px shapes images) is drawn scaled up by a whole factor (``upscale_factor``,
+``draw_instances(scale=...)``): at its own size a readable label covers the object it names.
 """
 import colorsys
 import math
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 import cv2
 import numpy as np
 import torch
 
-from detcore.structures import BitMasks, Boxes, Instances, PolygonMasks
+from detcore.structures import BitMasks, Boxes, Instances, Keypoints, PolygonMasks
 
 __all__ = ["class_color", "draw_instances", "upscale_factor"]
 
 _GOLDEN_RATIO = 0.618033988749895
 _NO_CLASS_COLOR = (80, 200, 80)  # BGR green for class-less boxes (e.g. proposals)
+# BGR keypoint colours by side: left points orange, right points blue, the others white.
+_LEFT_COLOR, _RIGHT_COLOR, _MIDDLE_COLOR = (0, 140, 255), (255, 120, 0), (255, 255, 255)
 
 
 def class_color(class_id: Optional[int]) -> Tuple[int, int, int]:
@@ -90,17 +94,26 @@ def draw_instances(
     score_threshold: float = 0.5,
     mask_alpha: float = 0.45,
     scale: int = 1,
+    keypoint_names: Optional[Sequence[str]] = None,
+    keypoint_skeleton: Optional[Sequence[Tuple[str, str]]] = None,
+    keypoint_threshold: Optional[float] = None,
 ) -> np.ndarray:
     """A copy of ``image`` (``uint8 [H, W, 3]`` BGR) with ``instances`` drawn on it; with
     ``scale`` k > 1, the image enlarged k times (each pixel a k x k block, see
     ``upscale_factor``) with the detections drawn at their enlarged positions, lines and labels
     sized for the enlarged picture.
 
-    Reads ``pred_boxes`` / ``scores`` / ``pred_classes`` / ``pred_masks`` (model outputs) or
-    ``gt_boxes`` / ``gt_classes`` / ``gt_masks`` (annotations: no scores, so all are drawn).
-    Instances scoring below ``score_threshold`` are left out. Masks (bool ``[N, H, W]``,
-    ``BitMasks`` or ``PolygonMasks``) get a ``mask_alpha`` colour fill and an outline; each
-    instance is labelled "name 87%" (or the class index when ``class_names`` is None).
+    Reads ``pred_boxes`` / ``scores`` / ``pred_classes`` / ``pred_masks`` / ``pred_keypoints``
+    (model outputs) or ``gt_boxes`` / ``gt_classes`` / ``gt_masks`` / ``gt_keypoints``
+    (annotations: no scores, so all are drawn). Instances scoring below ``score_threshold`` are
+    left out. Masks (bool ``[N, H, W]``, ``BitMasks`` or ``PolygonMasks``) get a ``mask_alpha``
+    colour fill and an outline; each instance is labelled "name 87%" (or the class index when
+    ``class_names`` is None).
+
+    Keypoints (``[N, K, 3]``: x, y and a score, or ``Keypoints`` with visibility) are drawn as
+    dots, joined by the lines of ``keypoint_skeleton`` (pairs of names in ``keypoint_names``, a
+    dataset's metadata). Points with visibility 0, or a score below ``keypoint_threshold`` (the
+    heatmap logit of a prediction; None draws every predicted point), are left out.
     """
     if not isinstance(image, np.ndarray) or image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
         desc = f"{image.dtype} {image.shape}" if isinstance(image, np.ndarray) else type(image).__name__
@@ -160,6 +173,12 @@ def draw_instances(
             contours, _ = cv2.findContours(m.astype(np.uint8), cv2.RETR_LIST, cv2.CHAIN_APPROX_NONE)
             cv2.drawContours(out, contours, -1, colors[i], thickness, lineType=cv2.LINE_AA)
 
+    keypoints = _field(instances, "pred_keypoints", "gt_keypoints")
+    if keypoints is not None:
+        _draw_keypoints(
+            out, keypoints, order, colors, keypoint_names, keypoint_skeleton, keypoint_threshold, thickness, scale
+        )
+
     if draw_rectangles:
         for i in order:
             x1, y1, x2, y2 = boxes[i]
@@ -180,6 +199,55 @@ def draw_instances(
     for rect, text, i in reversed(placed):
         _draw_label(out, rect, text, colors[i], font_scale, font_thickness)
     return out
+
+
+def _keypoint_color(name: Optional[str]) -> Tuple[int, int, int]:
+    lowered = (name or "").lower()
+    if "left" in lowered:
+        return _LEFT_COLOR
+    return _RIGHT_COLOR if "right" in lowered else _MIDDLE_COLOR
+
+
+def _draw_keypoints(
+    out, keypoints: Union[Keypoints, torch.Tensor], order, colors, names, skeleton, threshold, thickness, scale=1
+):
+    is_gt = isinstance(keypoints, Keypoints)
+    points = _to_numpy(keypoints.tensor if is_gt else keypoints).astype(np.float64)
+    if points.ndim == 3:
+        points[..., :2] *= scale  # continuous coordinates: the enlarged picture's
+    if points.ndim != 3 or points.shape[2] != 3:
+        raise ValueError(f"draw_instances: keypoints must be [N, K, 3], got {points.shape}")
+    num_keypoints = points.shape[1]
+    if names is not None and len(names) != num_keypoints:
+        raise ValueError(f"draw_instances: {len(names)} keypoint_names for {num_keypoints} keypoints")
+    index = {n: k for k, n in enumerate(names or [])}
+    lines = []
+    for pair in skeleton or []:
+        missing = [n for n in pair if n not in index]
+        if missing:
+            raise ValueError(f"draw_instances: keypoint_skeleton names {missing}, which are not in keypoint_names {names}")
+        lines.append((index[pair[0]], index[pair[1]]))
+    radius = max(2, thickness + 1)
+    # Points are drawn (and lines end) at pixel centers: the continuous point (x, y) is pixel
+    # (x - 0.5, y - 0.5); with 4 fractional bits the dots sit where the points are.
+    shift = 4
+
+    def fixed(p):
+        return int(round((p[0] - 0.5) * 16)), int(round((p[1] - 0.5) * 16))
+
+    for i in order:
+        kp = points[i]
+        if is_gt:
+            shown = kp[:, 2] > 0
+        else:
+            shown = np.ones(num_keypoints, dtype=bool) if threshold is None else kp[:, 2] >= threshold
+        for a, b in lines:
+            if shown[a] and shown[b]:
+                cv2.line(out, fixed(kp[a]), fixed(kp[b]), colors[i], max(1, thickness), cv2.LINE_AA, shift)
+        for k in np.flatnonzero(shown):
+            center = fixed(kp[k])
+            cv2.circle(out, center, (radius + 1) * 16, (0, 0, 0), -1, cv2.LINE_AA, shift)  # a dark rim: readable on any colour
+            cv2.circle(out, center, radius * 16, _keypoint_color(names[k] if names else None), -1, cv2.LINE_AA, shift)
 
 
 def _label(i, classes, scores, class_names) -> str:

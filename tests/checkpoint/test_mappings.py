@@ -1,4 +1,4 @@
-"""Format detection and key renaming, checked against the published parameter names of
+"""Key renaming (format detection: test_layouts.py), checked against the published parameter names of
 detectron2's, torchvision's and caffe2's models (written out here, independently of the code)."""
 import pickle
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from detcore.checkpoint import convert_keys, detect_format, load_converted_state_dict
+from detcore.checkpoint import convert_keys, load_converted_state_dict
 from detcore.config import get_cfg
 from detcore.modeling import build_model
 
@@ -14,7 +14,9 @@ from .zoo_names import (
     caffe2_resnet50_shapes,
     detectron2_mask_rcnn_r50_c4_shapes,
     detectron2_mask_rcnn_r50_fpn_shapes,
+    detectron2_retinanet_r50_fpn_shapes,
     torchvision_maskrcnn_v1_shapes,
+    torchvision_retinanet_v1_shapes,
 )
 
 REPO_CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[2] / "configs"
@@ -43,21 +45,6 @@ def d2_c4_model():
 def numbered_arrays(shapes):
     """Each tensor filled with its own index, so a misplaced one is visible."""
     return {name: np.full(shape, i, dtype=np.float32) for i, (name, shape) in enumerate(shapes.items())}
-
-
-# --- detection of formats ----------------------------------------------------------------------
-def test_detect_format_by_content():
-    assert detect_format(detectron2_mask_rcnn_r50_fpn_shapes()) == "detectron2"
-    assert detect_format(torchvision_maskrcnn_v1_shapes()) == "torchvision-detection"
-    assert detect_format(caffe2_resnet50_shapes()) == "caffe2-resnet"
-    assert detect_format(["conv1.weight", "bn1.weight", "layer1.0.conv1.weight", "fc.weight"]) == "torchvision-resnet"
-    assert detect_format(["module.pre.conv1.weight", "module.pre.layer1.0.conv1.weight"]) == "torchvision-resnet"
-    assert detect_format(["backbone.bottom_up.stem.bn1.weight", "roi_heads.box_head.fc1.weight"]) == "detcore"
-    assert detect_format(["module.backbone.bottom_up.res2.0.downsample.0.weight"]) == "detcore"
-    # detectron2 backbone-only (their torchvision / MSRA conversions): stem.conv1.norm, no prefix.
-    assert detect_format(["stem.conv1.weight", "stem.conv1.norm.weight", "res2.0.shortcut.weight"]) == "detectron2"
-    with pytest.raises(ValueError, match="cannot tell the checkpoint format.*encoder.layer"):
-        detect_format(["encoder.layer.0.attention.weight", "pooler.dense.bias"])
 
 
 # --- detectron2 ---------------------------------------------------------------------------------
@@ -264,3 +251,102 @@ def test_caffe2_msra_resnet50_fills_a_c4_models_body_and_res5_head(msra_r50, d2_
     torch.testing.assert_close(state_dict["roi_heads.res5.0.downsample.1.weight"], torch.from_numpy(blobs["res5_0_branch1_bn_s"]))
     torch.testing.assert_close(state_dict["backbone.res4.0.conv1.weight"], torch.from_numpy(blobs["res4_0_branch2a_w"]))
     model.load_state_dict(state_dict, strict=False)
+
+
+# --- RetinaNet ----------------------------------------------------------------------------------
+def test_detectron2_retinanet_pkl_maps_every_name(tmp_path):
+    model = model_from("detectron2/retinanet_R_50_FPN_1x.yaml")
+    shapes = detectron2_retinanet_r50_fpn_shapes()
+    arrays = numbered_arrays(shapes)
+    path = tmp_path / "model_final_bfca0b.pkl"
+    with open(path, "wb") as f:
+        pickle.dump({"model": arrays, "__author__": "Detectron2 Model Zoo"}, f)
+    state_dict, report = load_converted_state_dict(path, model)
+    assert report.format == "detectron2" and report.complete, report.table()
+    assert len(report.mapped) == len(shapes) == len(model.state_dict())
+    assert {src for src, _, _ in report.mapped} == set(shapes)
+    assert not report.notes, report.notes  # the preset's settings fit the weights
+    pairs = {
+        "backbone.bottom_up.res5.2.conv3.norm.running_var": "backbone.bottom_up.res5.2.bn3.running_var",
+        "backbone.fpn_lateral3.weight": "backbone.fpn_lateral3.weight",
+        "backbone.top_block.p6.weight": "backbone.top_block.p6.weight",
+        "head.cls_subnet.6.bias": "head.cls_subnet.6.bias",
+        "head.bbox_subnet.0.weight": "head.bbox_subnet.0.weight",
+        "head.cls_score.weight": "head.cls_score.weight",
+        "head.bbox_pred.bias": "head.bbox_pred.bias",
+    }
+    for src, dst in pairs.items():
+        assert torch.equal(state_dict[dst], torch.from_numpy(arrays[src]))
+    model.load_state_dict(state_dict, strict=True)
+
+
+def test_detectron2_retinanet_pth_drops_its_cell_anchors(tmp_path):
+    model = model_from("detectron2/retinanet_R_50_FPN_1x.yaml")
+    tensors = {k: torch.zeros(s) for k, s in detectron2_retinanet_r50_fpn_shapes().items()}
+    for i in range(5):
+        tensors[f"anchor_generator.cell_anchors.{i}"] = torch.zeros(9, 4)
+    path = tmp_path / "model_0089999.pth"
+    torch.save({"model": tensors, "iteration": 89999}, path)
+    _, report = load_converted_state_dict(path, model)
+    assert report.complete, report.table()
+    assert sorted(k for k, _ in report.dropped) == [f"anchor_generator.cell_anchors.{i}" for i in range(5)]
+
+
+def test_coco_retinanet_into_a_three_class_model_keeps_all_but_the_classifier(tmp_path):
+    model = model_from("detectron2/retinanet_R_50_FPN_1x.yaml", **{"MODEL.RETINANET.NUM_CLASSES": "3"})
+    from detcore.checkpoint import convert_state_dict
+
+    state = {k: torch.zeros(s) for k, s in detectron2_retinanet_r50_fpn_shapes().items()}
+    converted, report = convert_state_dict(state, model)
+    assert {n for _, n, _, _ in report.reinitialized} == {"head.cls_score.weight", "head.cls_score.bias"}
+    assert any("predicts 80 classes and the model 3" in n and "head.cls_score" in n for n in report.notes), report.notes
+    assert set(converted) == set(model.state_dict()) - {"head.cls_score.weight", "head.cls_score.bias"}
+    assert not report.missing and not report.shape_mismatch
+
+
+def _current_torchvision_retinanet_layout(v1):
+    """torchvision >= 0.13 names of the same model (Conv2dNormActivation towers, wrapped FPN convs)."""
+    current = {}
+    for name, shape in v1.items():
+        for i in range(4):
+            for head in ("classification_head", "regression_head"):
+                name = name.replace(f"head.{head}.conv.{2 * i}.", f"head.{head}.conv.{i}.0.")
+        for i in range(3):
+            name = name.replace(f"fpn.inner_blocks.{i}.", f"fpn.inner_blocks.{i}.0.")
+            name = name.replace(f"fpn.layer_blocks.{i}.", f"fpn.layer_blocks.{i}.0.")
+        current[name] = shape
+    return current
+
+
+def test_torchvision_retinanet_fills_the_torchvision_preset_in_both_layouts():
+    model = model_from("torchvision/retinanet_R_50_FPN.yaml")
+    from detcore.checkpoint import convert_state_dict
+
+    v1 = torchvision_retinanet_v1_shapes()
+    for shapes in (v1, _current_torchvision_retinanet_layout(v1)):
+        state = {k: torch.zeros(s) for k, s in shapes.items()}
+        converted, report = convert_state_dict(state, model)
+        assert report.format == "torchvision-detection" and report.complete, report.table()
+        assert len(converted) == len(model.state_dict()) == len(shapes)
+        assert len(report.notes) == 1 and "per anchor" in report.notes[0], report.notes  # settings fit
+    names = {src: dst for src, dst, _ in report.mapped}
+    # RetinaNet's FPN starts at C3: inner block 0 is level 3 (the R-CNNs' is level 2).
+    assert names["backbone.fpn.inner_blocks.0.0.weight"] == "backbone.fpn_lateral3.weight"
+    assert names["backbone.fpn.layer_blocks.2.0.bias"] == "backbone.fpn_output5.bias"
+    assert names["backbone.fpn.extra_blocks.p7.weight"] == "backbone.top_block.p7.weight"
+    assert names["head.classification_head.conv.3.0.weight"] == "head.cls_subnet.6.weight"
+    assert names["head.regression_head.conv.0.0.bias"] == "head.bbox_subnet.0.bias"
+    assert names["head.regression_head.bbox_reg.weight"] == "head.bbox_pred.weight"
+
+
+def test_torchvision_retinanet_drops_each_anchors_background_output():
+    shapes = torchvision_retinanet_v1_shapes()
+    tensors = {k: torch.zeros(s) for k, s in shapes.items()}
+    rows = torch.arange(9 * 91, dtype=torch.float32)  # row a * 91 + c: anchor a, torchvision label c
+    tensors["head.classification_head.cls_logits.bias"] = rows.clone()
+    tensors["head.classification_head.cls_logits.weight"] = rows.view(-1, 1, 1, 1).expand(819, 256, 3, 3).clone()
+    out = convert_keys(tensors).tensors
+    expected = [a * 91 + c for a in range(9) for c in range(1, 91)]  # class k = label k + 1
+    assert out["head.cls_score.bias"].tolist() == expected
+    assert out["head.cls_score.weight"][:, 5, 1, 2].tolist() == expected
+    assert out["head.bbox_pred.weight"].shape == (36, 256, 3, 3)

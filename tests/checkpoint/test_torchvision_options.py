@@ -112,3 +112,65 @@ def test_mask_targets_and_loss_match_torchvision():
     got = mask_rcnn_loss(logits[:, 1:], [inst], target_mode="torchvision")  # no background mask
     torch.testing.assert_close(got, expected)
     assert not torch.allclose(mask_rcnn_loss(logits[:, 1:], [inst]), expected)
+
+
+def test_rpn_proposals_match_torchvision_when_objectness_saturates():
+    # Logits of +-20 std: sigmoid rounds most of the top ones to exactly 1.0, so they tie, and
+    # torchvision's batched_nms (per-level NMS, then an unstable sort of the survivors) decides
+    # which pass the per-image top-k. Same inputs here and there: the same proposals, in order.
+    from torchvision.models.detection.rpn import RegionProposalNetwork
+
+    from detcore.modeling.proposal_generator.rpn import find_top_rpn_proposals
+
+    g = torch.Generator().manual_seed(0)
+    height, width = 160, 224
+    boxes, logits = [], []
+    for h, w in [(40, 56), (20, 28), (10, 14), (5, 7), (3, 4)]:
+        n = h * w * 3
+        centers = torch.rand(1, n, 2, generator=g) * torch.tensor([width, height])
+        sides = torch.rand(1, n, 2, generator=g) * 60 + 2
+        boxes.append(torch.cat([centers - sides / 2, centers + sides / 2], 2))
+        logits.append(torch.randn(1, n, generator=g) * 20)
+    rpn = RegionProposalNetwork(None, None, 0.7, 0.3, 256, 0.5, {"testing": 600}, {"testing": 300}, 0.7).eval()
+    tv_boxes, tv_scores = rpn.filter_proposals(
+        torch.cat(boxes, 1), torch.cat(logits, 1), [(height, width)], [b.shape[1] for b in boxes]
+    )
+
+    def ours(ranking):
+        out = find_top_rpn_proposals(
+            [b.clone() for b in boxes], logits, [(height, width)], 0.7, 600, 300, 1e-3, ranking=ranking
+        )[0]
+        return out.proposal_boxes.tensor, torch.sigmoid(out.objectness_logits)
+
+    got_boxes, got_scores = ours("torchvision")
+    # Every kept proposal ties with many others left out.
+    assert bool((got_scores == 1).all()) and int((torch.sigmoid(torch.cat(logits, 1)) == 1).sum()) > 2 * 300
+    assert torch.equal(got_boxes, tv_boxes[0]) and torch.equal(got_scores, tv_scores[0])
+    for ranking in ("logit", "sigmoid"):  # the other rankings keep other proposals
+        other, _ = ours(ranking)
+        assert len(other) == len(got_boxes) and not torch.equal(other, got_boxes), ranking
+
+
+@pytest.mark.parametrize("size", [(375, 500), (500, 1500), (641, 427), (800, 1067), (33, 47)])
+def test_resize_matches_torchvision_transform(size):
+    # GeneralizedRCNNTransform resizes the float image (after normalizing, which commutes with
+    # bilinear interpolation up to rounding) and its masks; min_size 800, max_size 1333.
+    from torchvision.models.detection.transform import _resize_image_and_masks
+
+    from detcore.data.transforms import ResizeShortestEdge
+
+    g = torch.Generator().manual_seed(3)
+    h, w = size
+    image = torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8)
+    masks = torch.rand(2, h, w, generator=g) > 0.5
+    expected, target = _resize_image_and_masks(
+        image.permute(2, 0, 1).float(), 800, 1333, {"masks": masks.to(torch.uint8)}
+    )
+    t = ResizeShortestEdge.test_transform(h, w, 800, 1333, mode="torchvision")
+    got = torch.from_numpy(t.apply_image(image.numpy())).permute(2, 0, 1)
+    assert got.dtype == torch.float32 and torch.equal(got, expected)
+    got_masks = torch.stack([torch.from_numpy(t.apply_segmentation(m.numpy())) for m in masks])
+    assert torch.equal(got_masks.to(torch.uint8), target["masks"])
+    if size == (375, 500):  # cv2 rounds the width to 1067 and its uint8 output to 0-255 steps
+        default = ResizeShortestEdge.test_transform(h, w, 800, 1333).apply_image(image.numpy())
+        assert default.shape == (800, 1067, 3) and tuple(got.shape[1:]) == (800, 1066)

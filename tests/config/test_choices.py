@@ -10,6 +10,7 @@ import torch
 from detcore.config import ConfigError, get_cfg
 from detcore.config.choices import (
     BOX_REG_LOSS_TYPES,
+    CELL_ANCHOR_ORDERS,
     CHOICES,
     CLIP_TYPES,
     FLIP_DIRECTIONS,
@@ -101,6 +102,14 @@ def test_norms_and_depths_are_what_the_layers_build():
         layer = get_norm(norm, 32)
         assert (layer is None) == (norm in ("", None))
     assert set(_BLOCKS_PER_STAGE) == set(RESNET_DEPTHS)
+
+
+def test_every_cell_anchor_order_builds():
+    from detcore.modeling.anchor_generator import DefaultAnchorGenerator
+
+    for order in CELL_ANCHOR_ORDERS:
+        generator = DefaultAnchorGenerator([[32, 40]], [[0.5, 1.0]], [8], cell_anchor_order=order)
+        assert generator.cell_anchors[0].shape == (4, 4)
 
 
 def test_every_top_block_builds():

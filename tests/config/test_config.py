@@ -20,9 +20,11 @@ EXPECTED_DEFAULTS = {
     "MODEL.DEVICE": "cpu",
     "MODEL.WEIGHTS": "",
     "MODEL.MASK_ON": False,
+    "MODEL.KEYPOINT_ON": False,
     "MODEL.PIXEL_MEAN": [103.530, 116.280, 123.675],
     "MODEL.PIXEL_STD": [57.375, 57.120, 58.395],
     "MODEL.CHANNELS_LAST": True,
+    "MODEL.BOX_LEGACY_PLUS_ONE": False,
     "MODEL.BACKBONE.NAME": "FPN",
     "MODEL.BACKBONE.FREEZE_AT": 2,
     "MODEL.RESNETS.DEPTH": 50,
@@ -48,6 +50,8 @@ EXPECTED_DEFAULTS = {
     "MODEL.ANCHOR_GENERATOR.OFFSET": 0.0,
     "MODEL.ANCHOR_GENERATOR.ROUND_CELL_ANCHORS": False,
     "MODEL.ANCHOR_GENERATOR.STRIDES_FROM_IMAGE_SIZE": False,
+    "MODEL.ANCHOR_GENERATOR.DETECTRON_CELL_ANCHORS": False,
+    "MODEL.ANCHOR_GENERATOR.CELL_ANCHOR_ORDER": "size_major",
     "MODEL.PROPOSAL_GENERATOR.NAME": "RPN",
     "MODEL.RPN.HEAD_NAME": "StandardRPNHead",
     "MODEL.RPN.IN_FEATURES": ["p2", "p3", "p4", "p5", "p6"],
@@ -68,6 +72,7 @@ EXPECTED_DEFAULTS = {
     "MODEL.RPN.POST_NMS_TOPK_TEST": 1000,
     "MODEL.RPN.NMS_THRESH": 0.7,
     "MODEL.RPN.MIN_SIZE": 0.0,
+    "MODEL.RPN.PROPOSAL_RANKING": "logit",
     "MODEL.ROI_HEADS.NAME": "StandardROIHeads",
     "MODEL.ROI_HEADS.NUM_CLASSES": 80,
     "MODEL.ROI_HEADS.IN_FEATURES": ["p2", "p3", "p4", "p5"],
@@ -107,11 +112,38 @@ EXPECTED_DEFAULTS = {
     "MODEL.ROI_MASK_HEAD.TARGET_MODE": "aligned",
     "MODEL.ROI_MASK_HEAD.PASTE_MODE": "aligned",
     "MODEL.ROI_MASK_HEAD.MASK_THRESHOLD": 0.5,
+    "MODEL.RETINANET.NUM_CLASSES": 80,
+    "MODEL.RETINANET.IN_FEATURES": ["p3", "p4", "p5", "p6", "p7"],
+    "MODEL.RETINANET.NUM_CONVS": 4,
+    "MODEL.RETINANET.NORM": "",
+    "MODEL.RETINANET.PRIOR_PROB": 0.01,
+    "MODEL.RETINANET.IOU_THRESHOLDS": [0.4, 0.5],
+    "MODEL.RETINANET.IOU_LABELS": [0, -1, 1],
+    "MODEL.RETINANET.ALLOW_LOW_QUALITY_MATCHES": True,
+    "MODEL.RETINANET.FOCAL_LOSS_ALPHA": 0.25,
+    "MODEL.RETINANET.FOCAL_LOSS_GAMMA": 2.0,
+    "MODEL.RETINANET.BBOX_REG_WEIGHTS": (1.0, 1.0, 1.0, 1.0),
+    "MODEL.RETINANET.BBOX_REG_LOSS_TYPE": "smooth_l1",
+    "MODEL.RETINANET.SMOOTH_L1_LOSS_BETA": 0.11,
+    "MODEL.RETINANET.LOSS_NORMALIZER": "num_foreground",
+    "MODEL.RETINANET.SCORE_THRESH_TEST": 0.05,
+    "MODEL.RETINANET.TOPK_CANDIDATES_TEST": 1000,
+    "MODEL.RETINANET.NMS_THRESH_TEST": 0.5,
+    "MODEL.RETINANET.CLIP_BEFORE_NMS": False,
+    "MODEL.ROI_KEYPOINT_HEAD.NAME": "KRCNNConvDeconvUpsampleHead",
+    "MODEL.ROI_KEYPOINT_HEAD.NUM_KEYPOINTS": 17,
+    "MODEL.ROI_KEYPOINT_HEAD.CONV_DIMS": [512] * 8,
+    "MODEL.ROI_KEYPOINT_HEAD.POOLER_RESOLUTION": 14,
+    "MODEL.ROI_KEYPOINT_HEAD.POOLER_SAMPLING_RATIO": 0,
+    "MODEL.ROI_KEYPOINT_HEAD.POOLER_ALIGNED": True,
+    "MODEL.ROI_KEYPOINT_HEAD.NORMALIZE_LOSS_BY_VISIBLE_KEYPOINTS": True,
+    "MODEL.ROI_KEYPOINT_HEAD.LOSS_WEIGHT": 1.0,
     "INPUT.MIN_SIZE_TRAIN": (800,),
     "INPUT.MIN_SIZE_TRAIN_SAMPLING": "choice",
     "INPUT.MAX_SIZE_TRAIN": 1333,
     "INPUT.MIN_SIZE_TEST": 800,
     "INPUT.MAX_SIZE_TEST": 1333,
+    "INPUT.RESIZE_MODE": "opencv",
     "INPUT.FORMAT": "BGR",
     "INPUT.MASK_FORMAT": "polygon",
     "INPUT.RANDOM_FLIP": "horizontal",
@@ -132,6 +164,7 @@ EXPECTED_DEFAULTS = {
     "DATALOADER.NUM_WORKERS": 2,
     "DATALOADER.ASPECT_RATIO_GROUPING": True,
     "DATALOADER.FILTER_EMPTY_ANNOTATIONS": True,
+    "DATALOADER.MIN_KEYPOINTS_PER_IMAGE": 1,
     "DATALOADER.SAMPLER_TRAIN": "TrainingSampler",
     "SOLVER.IMS_PER_BATCH": 16,
     "SOLVER.BASE_LR": 0.02,
@@ -297,8 +330,10 @@ def test_zoo_config_is_self_consistent(path):
     cfg = get_cfg()
     cfg.merge_from_file(str(path))
     m = cfg.MODEL
+    retinanet = m.META_ARCHITECTURE == "RetinaNet"
+    anchor_levels = m.RETINANET.IN_FEATURES if retinanet else m.RPN.IN_FEATURES
     sizes, ratios = m.ANCHOR_GENERATOR.SIZES, m.ANCHOR_GENERATOR.ASPECT_RATIOS
-    levels = len(m.RPN.IN_FEATURES)
+    levels = len(anchor_levels)
     assert len(sizes) in (1, levels) and len(ratios) in (1, levels)
     flat_sizes = [s for level in sizes for s in level]
     assert flat_sizes == sorted(flat_sizes), "anchor sizes grow with the FPN level"
@@ -307,9 +342,15 @@ def test_zoo_config_is_self_consistent(path):
         assert m.ROI_HEADS.NAME == "Res5ROIHeads" and "res5" not in m.RESNETS.OUT_FEATURES
     else:
         assert set(m.FPN.IN_FEATURES) <= set(m.RESNETS.OUT_FEATURES)
-        fpn_outputs = {f"p{int(f[-1])}" for f in m.FPN.IN_FEATURES} | {"p6"}
-        assert set(m.RPN.IN_FEATURES) <= fpn_outputs
-    assert set(m.ROI_HEADS.IN_FEATURES) <= set(m.RPN.IN_FEATURES)
+        top = {"maxpool": {"p6"}, "p6p7": {"p6", "p7"}, "p6p7_from_p5": {"p6", "p7"}}.get(m.FPN.TOP_BLOCK, set())
+        fpn_outputs = {f"p{int(f[-1])}" for f in m.FPN.IN_FEATURES} | top
+        assert set(anchor_levels) <= fpn_outputs
+    if retinanet:
+        assert not m.MASK_ON
+        assert m.RETINANET.TOPK_CANDIDATES_TEST >= cfg.TEST.DETECTIONS_PER_IMAGE
+    else:
+        assert set(m.ROI_HEADS.IN_FEATURES) <= set(m.RPN.IN_FEATURES)
+        assert m.RPN.POST_NMS_TOPK_TEST >= cfg.TEST.DETECTIONS_PER_IMAGE
     assert m.RESNETS.DEPTH in (18, 34, 50, 101, 152)
     if m.RESNETS.DEPTH in (18, 34):
         assert m.RESNETS.RES2_OUT_CHANNELS == 64 and m.RESNETS.NUM_GROUPS == 1
@@ -317,7 +358,8 @@ def test_zoo_config_is_self_consistent(path):
         assert m.RESNETS.RES2_OUT_CHANNELS == 256
     if m.RESNETS.NORM == "GN":  # GroupNorm uses 32 groups
         assert m.RESNETS.STEM_OUT_CHANNELS % 32 == 0 and m.RESNETS.RES2_OUT_CHANNELS % 32 == 0
-    gn_layers = [(m.FPN.NORM, m.FPN.OUT_CHANNELS), (m.ROI_MASK_HEAD.NORM, m.ROI_MASK_HEAD.CONV_DIM)]
+    gn_layers = [(m.FPN.NORM, m.FPN.OUT_CHANNELS), (m.ROI_MASK_HEAD.NORM, m.ROI_MASK_HEAD.CONV_DIM),
+                 (m.RETINANET.NORM, m.FPN.OUT_CHANNELS)]
     for norm, channels in gn_layers:
         if norm == "GN":
             assert channels % 32 == 0
@@ -325,7 +367,6 @@ def test_zoo_config_is_self_consistent(path):
     s = cfg.SOLVER
     assert list(s.STEPS) == sorted(s.STEPS) and s.STEPS[-1] < s.MAX_ITER
     assert s.WARMUP_ITERS < s.STEPS[0]
-    assert m.RPN.POST_NMS_TOPK_TEST >= cfg.TEST.DETECTIONS_PER_IMAGE
     assert cfg.INPUT.MIN_SIZE_TEST <= cfg.INPUT.MAX_SIZE_TEST
     assert max(cfg.INPUT.MIN_SIZE_TRAIN) <= cfg.INPUT.MAX_SIZE_TRAIN
 
@@ -391,6 +432,40 @@ def test_coco_configs_follow_the_published_recipe():
     assert (x.NUM_GROUPS, x.WIDTH_PER_GROUP, x.STRIDE_IN_1X1) == (32, 8, False)
     r = zoo("e2e_mask_rcnn_R_101_FPN_1x.yaml").MODEL.RESNETS
     assert (r.NUM_GROUPS, r.WIDTH_PER_GROUP) == (1, 64)
+
+
+def test_retinanet_configs_follow_their_sources():
+    paper = zoo("retinanet_R_50_FPN_1x.yaml")
+    m = paper.MODEL
+    assert (m.META_ARCHITECTURE, m.RESNETS.DEPTH, m.MASK_ON, m.FPN.TOP_BLOCK) == ("RetinaNet", 50, False, "p6p7")
+    assert m.RESNETS.OUT_FEATURES == m.FPN.IN_FEATURES == ["res3", "res4", "res5"]
+    assert m.RETINANET.IN_FEATURES == ["p3", "p4", "p5", "p6", "p7"]
+    sizes = m.ANCHOR_GENERATOR.SIZES
+    assert [[round(v, 6) for v in level] for level in sizes] == [
+        [round(x * 2 ** (k / 3), 6) for k in range(3)] for x in (32, 64, 128, 256, 512)
+    ]
+    r = m.RETINANET
+    assert (r.NUM_CLASSES, r.NUM_CONVS, r.PRIOR_PROB, r.FOCAL_LOSS_ALPHA, r.FOCAL_LOSS_GAMMA) == (80, 4, 0.01, 0.25, 2.0)
+    assert (r.IOU_THRESHOLDS, r.IOU_LABELS) == ([0.4, 0.5], [0, -1, 1])
+    assert (r.SCORE_THRESH_TEST, r.TOPK_CANDIDATES_TEST, r.NMS_THRESH_TEST) == (0.05, 1000, 0.5)
+    s = paper.SOLVER
+    assert (s.MAX_ITER, s.STEPS, s.BASE_LR, s.IMS_PER_BATCH) == (90000, (60000, 80000), 0.01, 16)
+    assert paper.INPUT.MIN_SIZE_TRAIN == (800,) and paper.TEST.DETECTIONS_PER_IMAGE == 100
+
+    tv = zoo("torchvision/retinanet_R_50_FPN.yaml").MODEL
+    assert tv.ANCHOR_GENERATOR.SIZES == [[x, int(x * 2 ** (1 / 3)), int(x * 2 ** (2 / 3))] for x in (32, 64, 128, 256, 512)]
+    assert (tv.FPN.TOP_BLOCK, tv.ANCHOR_GENERATOR.CELL_ANCHOR_ORDER, tv.RETINANET.NUM_CLASSES) == ("p6p7_from_p5", "ratio_major", 90)
+    assert (tv.RETINANET.LOSS_NORMALIZER, tv.RETINANET.CLIP_BEFORE_NMS) == ("per_image", True)
+    d2 = zoo("detectron2/retinanet_R_50_FPN_1x.yaml")
+    assert (d2.MODEL.RETINANET.LOSS_NORMALIZER, d2.MODEL.RETINANET.SMOOTH_L1_LOSS_BETA) == ("moving_average", 0.0)
+    assert d2.MODEL.PIXEL_STD == [1.0, 1.0, 1.0] and d2.INPUT.MIN_SIZE_TRAIN == (640, 672, 704, 736, 768, 800)
+
+    shapes = zoo("retinanet_R_18_FPN_shapes.yaml")
+    m = shapes.MODEL
+    assert (m.RESNETS.DEPTH, m.RESNETS.NORM, m.FPN.OUT_CHANNELS, m.RETINANET.NUM_CLASSES) == (18, "GN", 64, 3)
+    assert m.WEIGHTS == "" and m.BACKBONE.FREEZE_AT == 0 and m.DEVICE == "cpu"
+    assert shapes.INPUT.MIN_SIZE_TRAIN == (96,) and shapes.SOLVER.IMS_PER_BATCH == 2
+    assert shapes.DATASETS.TRAIN == ("shapes_train",) and shapes.DATASETS.TEST == ("shapes_val",)
 
 
 @pytest.mark.parametrize(

@@ -183,6 +183,12 @@ def test_every_configs_training_pipeline_is_unchanged_by_the_new_keys(records, c
     cfg.merge_from_file(str(config))
     cfg.INPUT.MIN_SIZE_TRAIN = (48, 56, 64) if cfg.INPUT.MIN_SIZE_TRAIN_SAMPLING == "choice" else (48, 64)
     cfg.INPUT.MAX_SIZE_TRAIN = 100  # small images: fast, same logic
+    # The shapes records hold no keypoints; the images do not depend on them (keypoints through
+    # transforms are tested in test_keypoint_transforms.py).
+    cfg.MODEL.KEYPOINT_ON = False
+    # The presets' other resize modes (torchvision's, maskrcnn-benchmark's) are checked against
+    # their libraries in tests/data/transforms/test_base.py; here the pipeline around the resize.
+    cfg.INPUT.RESIZE_MODE = "opencv"
     augs = build_augmentation(cfg, is_train=True)
     assert [type(a) for a in augs] == [ResizeShortestEdge] + ([RandomFlip] if cfg.INPUT.RANDOM_FLIP != "none" else [])
     mapper = build_from_config(DatasetMapper, cfg, is_train=True)

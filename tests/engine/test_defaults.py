@@ -312,3 +312,35 @@ def test_evaluation_with_test_time_augmentation(tiny_cache, tmp_path, monkeypatc
     assert len(seen) == 6 and all(tuple(shape) == size for shape, size in seen)
     assert (tmp_path / "inference" / f"{TINY_VAL}_TTA" / "coco_eval_metrics.json").is_file()
     assert model.training  # the model's mode is left as it was
+
+
+def test_keypoint_rcnn_trains_and_is_scored_for_keypoints_next_to_boxes(tmp_path, single_thread):
+    """MODEL.KEYPOINT_ON: the trainer reads keypoints (flipped with the dataset's pairs) from a
+    COCO-format keypoint dataset, and its evaluation reports keypoint AP (OKS with the dataset's
+    sigmas) beside box AP."""
+    from detcore.data import DatasetCatalog, MetadataCatalog, register_figures
+    from detcore.data.datasets import FiguresSpec
+
+    names = [f"kp_e2e_figures_{split}_{os.getpid()}" for split in ("train", "val")]
+    for name, split, seed in zip(names, ("train", "val"), (5, 6)):
+        register_figures(name, FiguresSpec(split=split, num_images=4, seed=seed, min_size=64, max_size=96), str(tmp_path / "data"))
+    try:
+        cfg = make_cfg(tmp_path / "run", [
+            "DATASETS.TRAIN", f"('{names[0]}',)", "DATASETS.TEST", f"('{names[1]}',)",
+            "MODEL.FPN.OUT_CHANNELS", "32", "MODEL.ROI_BOX_HEAD.FC_DIM", "32", "MODEL.ROI_KEYPOINT_HEAD.CONV_DIMS", "[32]",
+            "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.0", "SOLVER.MAX_ITER", "2", "SOLVER.WARMUP_ITERS", "1",
+            "SOLVER.STEPS", "(100,)", "DATALOADER.NUM_WORKERS", "0", "INPUT.MIN_SIZE_TRAIN", "(64,)",
+            "INPUT.MIN_SIZE_TEST", "64",
+        ], config_file=os.path.join(REPO, "configs", "keypoint_rcnn_R_18_FPN_figures.yaml"))
+        cfg.freeze()
+        trainer = DefaultTrainer(cfg)
+        trainer.resume_or_load(resume=False)
+        results = trainer.train()
+    finally:
+        for name in names:
+            DatasetCatalog.remove(name)
+            MetadataCatalog.remove(name)
+    assert set(results) == {"bbox", "keypoints"}
+    assert {"AP", "AP50", "AP75", "APm", "APl"} <= set(results["keypoints"]) and "APs" not in results["keypoints"]
+    records = read_metrics(str(tmp_path / "run" / "metrics.json"))
+    assert any("loss_keypoint" in r for r in records) and any("keypoints/AP" in r for r in records)

@@ -78,6 +78,24 @@ def test_small_images_are_drawn_enlarged_with_the_boxes_scaled(tmp_path):
     assert cv2.imread(written).shape == (500, 600, 3)  # already large enough: its own size
 
 
+def test_visualize_draws_keypoints_on_their_skeleton(tmp_path):
+    path = write_image(tmp_path / "a.png", size=(60, 80))
+
+    def predictor(image):
+        inst = Instances((60, 80), pred_boxes=Boxes(torch.tensor([[2.0, 2.0, 78.0, 58.0]])), scores=torch.tensor([0.9]))
+        inst.pred_classes = torch.tensor([0])
+        inst.pred_keypoints = torch.tensor([[[20.5, 30.5, 3.0], [60.5, 30.5, 3.0]]])
+        return {"instances": inst}
+
+    (written,) = visualize_images(
+        predictor, [path], str(tmp_path / "out"), keypoint_names=["left_hand", "right_hand"],
+        keypoint_skeleton=[("left_hand", "right_hand")], min_size=0,  # at its own size: pixels as placed
+    )
+    out = cv2.imread(written)
+    assert tuple(out[30, 20]) == (0, 140, 255) and tuple(out[30, 60]) == (255, 120, 0)  # left / right colours
+    assert (out[30, 40] != 90).any()  # the skeleton line between them
+
+
 def test_unreadable_image_is_an_error(tmp_path):
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"not a png")

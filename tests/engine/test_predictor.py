@@ -120,6 +120,22 @@ def test_faster_rcnn_output_has_no_masks():
     assert set(out) == {"boxes", "scores", "labels", "instances"}
 
 
+def test_keypoint_rcnn_output_has_keypoints_in_original_pixels():
+    cfg = _cfg(**{"MODEL.MASK_ON": False, "MODEL.KEYPOINT_ON": True, "MODEL.ROI_KEYPOINT_HEAD.NUM_KEYPOINTS": 5,
+                  "MODEL.ROI_KEYPOINT_HEAD.CONV_DIMS": [8]})
+    predictor = Predictor(cfg)
+    out = predictor(_bgr(128, 96))  # resized to 85 x 64 for the model
+    n = len(out["instances"])
+    assert set(out) == {"boxes", "scores", "labels", "keypoints", "instances"} and n > 0
+    assert out["keypoints"].shape == (n, 5, 3) and out["keypoints"].dtype == np.float32
+    boxes, kp = out["boxes"], out["keypoints"]
+    # Each keypoint lies in its box (decoded in it), in the 128 x 96 original frame.
+    assert (kp[..., 0] >= boxes[:, None, 0] - 1e-3).all() and (kp[..., 0] <= boxes[:, None, 2] + 1e-3).all()
+    assert (kp[..., 1] >= boxes[:, None, 1] - 1e-3).all() and (kp[..., 1] <= boxes[:, None, 3] + 1e-3).all()
+    cfg.merge_from_list(["MODEL.ROI_HEADS.SCORE_THRESH_TEST", 1.0])
+    assert Predictor(cfg)(_bgr(50, 70))["keypoints"].shape == (0, 5, 3)
+
+
 def test_no_detection_gives_empty_arrays_of_the_right_shape():
     out = Predictor(_cfg(**{"MODEL.ROI_HEADS.SCORE_THRESH_TEST": 1.0}))(_bgr(50, 70))
     assert out["boxes"].shape == (0, 4) and out["scores"].shape == (0,) and out["labels"].shape == (0,)

@@ -406,7 +406,7 @@ def test_summary_table_is_printed(tmp_path, capsys):
 def test_invalid_inputs_raise(tmp_path):
     gt = write_gt(tmp_path, [box_ann(1, 1, 1, (10, 10, 50, 50))])
     with pytest.raises(ValueError, match="tasks"):
-        COCOEvaluator(gt, tasks=("keypoints",))
+        COCOEvaluator(gt, tasks=("keypoint",))
     with pytest.raises(ValueError, match="metadata_fn"):
         COCOEvaluator("no_such_dataset")
     with pytest.raises(ValueError, match="json_file"):

@@ -4,9 +4,9 @@ they give the detections of the same graph run eagerly (same count and classes, 
 relative, scores within 1e-4, pasted masks >= 99.5% equal), and that graph gives the ordinary
 inference's detections (the Predictor's).
 
-The model is the shapes R-18 Mask R-CNN with seeded random weights (many detections, so every
-output is compared); one Faster R-CNN (MODEL.MASK_ON False) too. Exporting takes tens of seconds
-on 2 cores, so each model is exported once per module.
+The models are the shapes R-18 Mask R-CNN and RetinaNet with seeded random weights (many
+detections, so every output is compared); one Faster R-CNN (MODEL.MASK_ON False) too. Exporting
+takes tens of seconds on 2 cores, so each model is exported once per module.
 """
 import json
 import os
@@ -32,19 +32,30 @@ from detcore.modeling import build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "configs", "e2e_mask_rcnn_R_18_FPN_shapes.yaml")
+RETINANET_CONFIG = os.path.join(ROOT, "configs", "retinanet_R_18_FPN_shapes.yaml")
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::DeprecationWarning")
 
 
-def _cfg(mask_on=True):
+def _cfg(mask_on=True, config=CONFIG):
     cfg = get_cfg()
-    cfg.merge_from_file(CONFIG)
+    cfg.merge_from_file(config)
     cfg.merge_from_list(["MODEL.DEVICE", "cpu", "MODEL.MASK_ON", mask_on])
     return cfg
 
 
 def _model(cfg):
     torch.manual_seed(0)
-    return build_model(cfg).eval()
+    model = build_model(cfg).eval()
+    if cfg.MODEL.META_ARCHITECTURE == "RetinaNet":
+        # Fresh RetinaNet weights score every (anchor, class) near the 0.01 prior, below the
+        # threshold and tied: spread the class logits and boxes so detections differ.
+        head = model.head
+        with torch.no_grad():
+            torch.nn.init.normal_(head.cls_score.weight, std=0.05)
+            torch.nn.init.normal_(head.cls_score.bias, mean=-3.0, std=1.0)
+            torch.nn.init.normal_(head.bbox_pred.weight, std=0.02)
+            torch.nn.init.normal_(head.bbox_pred.bias, std=0.2)
+    return model
 
 
 def _photo(short_side, long_cap=10_000):
@@ -92,10 +103,14 @@ def _assert_same_detections(got, expected, mask_on):
 
 @pytest.fixture(
     scope="module",
-    params=[pytest.param(True, id="mask_rcnn"), pytest.param(False, id="faster_rcnn", marks=pytest.mark.slow)],
+    params=[
+        pytest.param((True, CONFIG), id="mask_rcnn"),
+        pytest.param((False, CONFIG), id="faster_rcnn", marks=pytest.mark.slow),
+        pytest.param((False, RETINANET_CONFIG), id="retinanet"),
+    ],
 )
 def exported(request, tmp_path_factory):
-    cfg = _cfg(mask_on=request.param)
+    cfg = _cfg(*request.param)
     detector = ExportableDetector(_model(cfg))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -264,12 +279,14 @@ def test_torchvision_semantics_export_for_every_size():
 
 
 def _assert_export_equals_eager(cfg):
-    """Trace the config's model (seeded random weights) at one photo size, run it at another."""
+    """Trace the config's model (seeded random weights) at one photo size, run it at another
+    (both above the smallest size the graph serves: 129 px for models with P7)."""
     detector = ExportableDetector(_model(cfg))
+    traced, run = (160, 128) if detector.min_side <= 128 else (224, 160)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = trace_detector(detector, _chw(_photo(160)))
-    image = _chw(_photo(128))
+        program = trace_detector(detector, _chw(_photo(traced)))
+    image = _chw(_photo(run))
     with torch.no_grad():
         outputs = program.module()(image)
         _assert_same_outputs([t.numpy() for t in outputs], detector(image), detector)
@@ -360,9 +377,10 @@ def test_every_config_of_the_zoo_exports(config):
     cfg = get_cfg()
     cfg.merge_from_file(os.path.join(ROOT, config))
     # Score threshold 0: random weights still give detections for every output to compare.
-    cfg.merge_from_list(
-        ["MODEL.DEVICE", "cpu", "MODEL.WEIGHTS", "", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0, "TEST.DETECTIONS_PER_IMAGE", 20]
-    )
+    cfg.merge_from_list([
+        "MODEL.DEVICE", "cpu", "MODEL.WEIGHTS", "", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0,
+        "MODEL.RETINANET.SCORE_THRESH_TEST", 0.0, "TEST.DETECTIONS_PER_IMAGE", 20,
+    ])
     _assert_export_equals_eager(cfg)
 
 
@@ -433,3 +451,25 @@ def test_bfloat16_export_holds_the_bfloat16_graph_and_equals_eager(tmp_path):
     assert len(expected[0]) > 0
     for a, b, c in zip(got, scripted, expected):
         assert torch.equal(a, c) and torch.equal(b, c)
+
+
+def test_images_below_the_smallest_size_are_refused_with_the_bound():
+    """A RetinaNet with P7 (stride 128) needs images of at least 129 px: its P7 is then 2 x 2 or
+    larger, as in the traced graph. The wrapper says so in eager mode, the graph by its guard."""
+    cfg = _cfg(False, RETINANET_CONFIG)
+    cfg.merge_from_list([
+        "MODEL.FPN.TOP_BLOCK", "p6p7", "MODEL.RETINANET.IN_FEATURES", "['p3', 'p4', 'p5', 'p6', 'p7']",
+        "MODEL.ANCHOR_GENERATOR.SIZES", "[[32], [64], [128], [256], [512]]",
+    ])
+    detector = ExportableDetector(_model(cfg))
+    assert detector.min_side == 129
+    with pytest.raises(RuntimeError, match=r"at least 129 px on each side .* got 128 x 170"):
+        detector(torch.zeros(3, 128, 170, dtype=torch.uint8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = trace_detector(detector, torch.zeros(3, 160, 200, dtype=torch.uint8))
+    with pytest.raises(Exception, match=r">= 129"):
+        program.module()(torch.zeros(3, 128, 170, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"sample_image is 96 x 128 px; .* at least 129 px"):
+        detcore.export.export_model(cfg, detector.model, "exported_program", "/nonexistent",
+                                    sample_image=torch.zeros(3, 96, 128, dtype=torch.uint8))

@@ -124,3 +124,33 @@ def test_matches_torchvision_up_to_rounding():
         rebuilt.append((shifts + cell.round()[None]).reshape(-1, 4))
     torch.testing.assert_close(torch.cat(rebuilt), tv)
     assert (torch.cat([a.tensor for a in mine]) - tv).abs().max() <= 0.5
+
+
+def test_torchvision_retinanet_anchors_exactly():
+    """torchvision's RetinaNet anchors (3 truncated octave sizes x 3 ratios per level, ratio-major,
+    rounded corners, strides from the image size) come out of the generator's three options."""
+    anchor_utils = pytest.importorskip("torchvision.models.detection.anchor_utils")
+    image_list = pytest.importorskip("torchvision.models.detection.image_list")
+    sizes = [[x, int(x * 2 ** (1 / 3)), int(x * 2 ** (2 / 3))] for x in (32, 64, 128, 256, 512)]
+    ratios = [[0.5, 1.0, 2.0]]
+    theirs = anchor_utils.AnchorGenerator(tuple(map(tuple, sizes)), ((0.5, 1.0, 2.0),) * 5)
+    ours = DefaultAnchorGenerator(
+        sizes, ratios, [8, 16, 32, 64, 128], round_cell_anchors=True, strides_from_image_size=True,
+        cell_anchor_order="ratio_major",
+    )
+    h, w = 224, 320  # p7 is 2 x 3: strides 112 and 106, not 128
+    images = image_list.ImageList(torch.zeros(1, 3, h, w), [(h, w)])
+    feats = [torch.zeros(1, 4, -(-h // s), -(-w // s)) for s in (8, 16, 32, 64, 128)]
+    expected = theirs(images, feats)[0]
+    got = torch.cat([b.tensor for b in ours(feats, image_size=(h, w))])
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    # The default (size-major) order is a permutation of the same anchors, different per location.
+    size_major = DefaultAnchorGenerator(sizes, ratios, [8, 16, 32, 64, 128], round_cell_anchors=True)
+    first = size_major.cell_anchors[0]
+    assert not torch.equal(first, ours.cell_anchors[0])
+    assert torch.equal(first.view(3, 3, 4).transpose(0, 1).reshape(9, 4), ours.cell_anchors[0])
+
+
+def test_cell_anchor_order_is_checked():
+    with pytest.raises(ValueError, match="cell_anchor_order must be one of"):
+        DefaultAnchorGenerator([[32]], [[1.0]], [8], cell_anchor_order="sizes_first")

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from detcore.modeling.box_regression import Box2BoxTransform, box_regression_loss, giou_loss
+from detcore.modeling.box_regression import Box2BoxTransform, box_loss, box_regression_loss, giou_loss
 
 
 def _random_boxes(n, max_coord=600.0, min_size=1.0, seed=0, dtype=torch.float32):
@@ -134,3 +134,19 @@ def test_giou_loss():
     per_pair = [giou_loss(a[i : i + 1], b[i : i + 1]) for i in range(3)]
     torch.testing.assert_close(torch.stack(per_pair), torch.tensor([0.0, 0.5, 1.0 + 1.0 / 3.0]), atol=1e-5, rtol=0)
     torch.testing.assert_close(giou_loss(a, b), sum(per_pair))
+
+
+def test_box_loss_is_the_delta_loss_or_giou_of_the_decoded_boxes():
+    coder = Box2BoxTransform((10.0, 10.0, 5.0, 5.0))
+    src, gt = _random_boxes(20, seed=3), _random_boxes(20, seed=4)
+    deltas = torch.randn(20, 4, generator=torch.Generator().manual_seed(5)) * 0.5
+    target = coder.get_deltas(src, gt)
+    torch.testing.assert_close(box_loss(coder, src, deltas, gt, "l1"), (deltas - target).abs().sum())
+    torch.testing.assert_close(
+        box_loss(coder, src, deltas, gt, "smooth_l1", 0.3), box_regression_loss(deltas, target, "smooth_l1", 0.3)
+    )
+    torch.testing.assert_close(box_loss(coder, src, deltas, gt, "giou"), giou_loss(coder.apply_deltas(deltas, src), gt))
+    # Half-precision deltas (AMP) are scored in float32.
+    half = box_loss(coder, src, deltas.half(), gt, "l1")
+    assert half.dtype == torch.float32
+    torch.testing.assert_close(half, (deltas.half().float() - target).abs().sum())

@@ -18,6 +18,8 @@ from detcore.modeling import (
     GeneralizedRCNN,
     Matcher,
     ProposalNetwork,
+    RetinaNet,
+    RetinaNetHead,
     ROIPooler,
     StandardROIHeads,
     build_model,
@@ -26,7 +28,13 @@ from detcore.modeling.anchor_generator import DefaultAnchorGenerator
 from detcore.modeling.backbone import FPN, LastLevelMaxPool, LastLevelP6P7, ResNet, RetinaNetFPN
 from detcore.modeling.backbone.resnet import make_stage
 from detcore.modeling.proposal_generator import RPN, StandardRPNHead
-from detcore.modeling.roi_heads import FastRCNNConvFCHead, FastRCNNOutputLayers, MaskRCNNConvUpsampleHead, Res5ROIHeads
+from detcore.modeling.roi_heads import (
+    FastRCNNConvFCHead,
+    FastRCNNOutputLayers,
+    KRCNNConvDeconvUpsampleHead,
+    MaskRCNNConvUpsampleHead,
+    Res5ROIHeads,
+)
 from detcore.utils.registry import Registry, build_from_config
 
 from .small_config import small_cfg
@@ -82,6 +90,14 @@ def plain_mask_head():
     return MaskRCNNConvUpsampleHead(ShapeSpec(channels=CHANNELS, height=14, width=14), num_classes=3, conv_dims=[32, 32])
 
 
+def plain_keypoint_head():
+    # small_cfg's keypoint head: the defaults' 17 keypoints, SMALL_MODEL's convs.
+    return KRCNNConvDeconvUpsampleHead(
+        ShapeSpec(channels=CHANNELS, height=14, width=14), num_keypoints=17, conv_dims=[32, 32],
+        loss_weight=1.0, loss_normalizer="visible",
+    )
+
+
 def plain_roi_heads():
     scales = (1 / 4, 1 / 8, 1 / 16, 1 / 32)
     return StandardROIHeads(
@@ -129,6 +145,33 @@ def plain_proposal_network():
     )
 
 
+def plain_retinanet():
+    """small_cfg("retinanet_R_18_FPN_shapes.yaml"): P3-P5 from res3-res5, no top block."""
+    resnet = ResNet(
+        18, in_channels=3, out_features=["res3", "res4", "res5"], num_groups=1, width_per_group=64,
+        stem_out_channels=64, res2_out_channels=64, stride_in_1x1=True, norm="GN", res5_dilation=1, freeze_at=0,
+    )
+    octaves = [2 ** (i / 3) for i in range(3)]
+    return RetinaNet(
+        backbone=FPN(resnet, ["res3", "res4", "res5"], CHANNELS, norm="GN", top_block=None, fuse_type="sum"),
+        head=RetinaNetHead(in_channels=CHANNELS, num_anchors=9, num_classes=3, num_convs=4, norm="GN", prior_prob=0.01),
+        head_in_features=["p3", "p4", "p5"],
+        anchor_generator=DefaultAnchorGenerator(
+            sizes=[[s * o for o in octaves] for s in (32.0, 64.0, 128.0)], aspect_ratios=[[0.5, 1.0, 2.0]],
+            strides=[8, 16, 32], offset=0.0,
+        ),
+        box2box_transform=Box2BoxTransform((1.0, 1.0, 1.0, 1.0)),
+        anchor_matcher=Matcher([0.4, 0.5], [0, -1, 1], allow_low_quality_matches=True),
+        num_classes=3,
+        pixel_mean=[103.530, 116.280, 123.675],
+        pixel_std=[57.375, 57.120, 58.395],
+        focal_loss_gamma=0.5,
+        smooth_l1_beta=0.11,
+        max_detections_per_image=20,
+        size_divisibility=32,
+    )
+
+
 def plain_rcnn():
     return GeneralizedRCNN(
         backbone=plain_fpn(),
@@ -144,7 +187,11 @@ def plain_rcnn():
 # registry -> {registered name: (plain-argument builder, what the registry's build gets besides cfg
 # [, the configs/ file it is selected in, when not small_cfg's default])}
 BUILT_IN = {
-    "META_ARCH": {"GeneralizedRCNN": (plain_rcnn, ()), "ProposalNetwork": (plain_proposal_network, ())},
+    "META_ARCH": {
+        "GeneralizedRCNN": (plain_rcnn, ()),
+        "ProposalNetwork": (plain_proposal_network, ()),
+        "RetinaNet": (plain_retinanet, (), "retinanet_R_18_FPN_shapes.yaml"),
+    },
     "BACKBONE": {
         "ResNet": (plain_resnet, (ShapeSpec(channels=3),)),
         "FPN": (plain_fpn, (ShapeSpec(channels=3),)),
@@ -161,6 +208,9 @@ BUILT_IN = {
     "ROI_BOX_PREDICTOR": {"FastRCNNOutputLayers": (plain_box_predictor, (ShapeSpec(channels=32),))},
     "ROI_MASK_HEAD": {
         "MaskRCNNConvUpsampleHead": (plain_mask_head, (ShapeSpec(channels=CHANNELS, height=14, width=14),))
+    },
+    "ROI_KEYPOINT_HEAD": {
+        "KRCNNConvDeconvUpsampleHead": (plain_keypoint_head, (ShapeSpec(channels=CHANNELS, height=14, width=14),))
     },
 }
 

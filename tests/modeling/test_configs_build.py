@@ -1,6 +1,6 @@
 """Every yaml under configs/ (found recursively, so new ones are covered) builds a model on the CPU
-that trains for one step and runs inference: detections for the R-CNNs (FPN and C4), proposals
-for the RPN-only ProposalNetworks.
+that trains for one step and runs inference: detections for the R-CNNs (FPN and C4) and
+RetinaNet, proposals for the RPN-only ProposalNetworks.
 
 Only sizes that do not change the architecture are shrunk (proposal counts, sampled ROIs,
 detections, a C4 head's pooled grid); the networks are exactly the configs'. The 101-layer bodies
@@ -13,7 +13,7 @@ import torch
 
 from detcore.config import get_cfg
 from detcore.modeling import ProposalNetwork, build_model
-from detcore.structures import Boxes, Instances, PolygonMasks
+from detcore.structures import Boxes, Instances, Keypoints, PolygonMasks
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CONFIG_FILES = sorted(CONFIGS.rglob("*.yaml"))
@@ -34,6 +34,8 @@ SMALL = [
     "MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE", 16,
     # Random weights give low scores: keep every detection so the mask branch has work to do.
     "MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0,
+    "MODEL.RETINANET.SCORE_THRESH_TEST", 0.0,
+    "MODEL.RETINANET.TOPK_CANDIDATES_TEST", 100,
     "TEST.DETECTIONS_PER_IMAGE", 10,
 ]
 
@@ -63,7 +65,7 @@ def _image(h, w, seed):
     return torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
 
 
-def _targets(h, w, with_masks):
+def _targets(h, w, with_masks, num_keypoints=0):
     # Two objects: a square-ish box and a triangle, with their polygons.
     polygons = [
         [[8.0, 10.0, 36.0, 10.0, 36.0, 40.0, 8.0, 40.0]],
@@ -76,12 +78,19 @@ def _targets(h, w, with_masks):
     )
     if with_masks:
         gt.gt_masks = PolygonMasks(polygons)
+    if num_keypoints:
+        # Points spread over each box (every third one unlabeled).
+        g = torch.Generator().manual_seed(h)
+        boxes = gt.gt_boxes.tensor
+        xy = boxes[:, None, :2] + torch.rand(2, num_keypoints, 2, generator=g) * (boxes[:, None, 2:] - boxes[:, None, :2])
+        v = (torch.arange(num_keypoints) % 3 != 0).float().expand(2, -1) * 2
+        gt.gt_keypoints = Keypoints(torch.cat([xy * v[..., None].bool(), v[..., None]], dim=2))
     return gt
 
 
 def test_configs_are_found():
     names = {p.name for p in CONFIG_FILES}
-    assert {"e2e_mask_rcnn_R_50_FPN_1x.yaml", "e2e_faster_rcnn_R_50_FPN_1x.yaml"} <= names
+    assert {"e2e_mask_rcnn_R_50_FPN_1x.yaml", "e2e_faster_rcnn_R_50_FPN_1x.yaml", "retinanet_R_50_FPN_1x.yaml"} <= names
     assert {"mask_rcnn_R_50_C4_1x.yaml", "rpn_R_50_FPN_1x.yaml", "rpn_R_50_C4_1x.yaml"} <= names
 
 
@@ -92,16 +101,22 @@ def test_config_builds_trains_one_step_and_infers(path):
     model = build_model(cfg)
     proposals_only = isinstance(model, ProposalNetwork)
     mask_on = cfg.MODEL.MASK_ON and not proposals_only
-    assert proposals_only or model.roi_heads.mask_on == mask_on
+    assert model.mask_on == mask_on
+    num_keypoints = cfg.MODEL.ROI_KEYPOINT_HEAD.NUM_KEYPOINTS if cfg.MODEL.KEYPOINT_ON and not proposals_only else 0
+    assert bool(getattr(getattr(model, "roi_heads", None), "keypoint_on", False)) == bool(num_keypoints)
 
     model.train()
     inputs = [
-        {"image": _image(80, 96, seed=1), "height": 80, "width": 96, "instances": _targets(80, 96, mask_on)},
-        {"image": _image(64, 72, seed=2), "height": 64, "width": 72, "instances": _targets(64, 72, mask_on)},
+        {"image": _image(80, 96, seed=1), "height": 80, "width": 96, "instances": _targets(80, 96, mask_on, num_keypoints)},
+        {"image": _image(64, 72, seed=2), "height": 64, "width": 72, "instances": _targets(64, 72, mask_on, num_keypoints)},
     ]
     losses = model(inputs)
-    expected = {"loss_rpn_cls", "loss_rpn_loc"} | (set() if proposals_only else {"loss_cls", "loss_box_reg"})
-    expected |= {"loss_mask"} if mask_on else set()
+    if cfg.MODEL.META_ARCHITECTURE == "RetinaNet":
+        expected = {"loss_cls", "loss_box_reg"}
+    else:
+        expected = {"loss_rpn_cls", "loss_rpn_loc"} | (set() if proposals_only else {"loss_cls", "loss_box_reg"})
+        expected |= {"loss_mask"} if mask_on else set()
+        expected |= {"loss_keypoint"} if num_keypoints else set()
     assert set(losses) == expected
     assert all(v.dim() == 0 and torch.isfinite(v) for v in losses.values()), losses
     sum(losses.values()).backward()
@@ -123,6 +138,7 @@ def test_config_builds_trains_one_step_and_infers(path):
     else:
         inst = out[0]["instances"]
         fields = {"pred_boxes", "scores", "pred_classes"} | ({"pred_masks"} if mask_on else set())
+        fields |= {"pred_keypoints"} if num_keypoints else set()
         assert set(inst.fields()) == fields
         assert len(inst) <= 10
         boxes = inst.pred_boxes.tensor
@@ -131,3 +147,5 @@ def test_config_builds_trains_one_step_and_infers(path):
     assert (boxes[:, 0::2] <= 120).all() and (boxes[:, 1::2] <= 90).all() and (boxes >= 0).all()
     if mask_on:
         assert inst.pred_masks.shape == (len(inst), 90, 120) and inst.pred_masks.dtype == torch.bool
+    if num_keypoints:
+        assert inst.pred_keypoints.shape == (len(inst), num_keypoints, 3) and torch.isfinite(inst.pred_keypoints).all()

@@ -105,6 +105,13 @@ def test_a_detector_without_masks_gets_boxes_only():
     assert model.roi_heads.mask_on is False
 
 
+def test_a_keypoint_detector_is_refused_naming_the_options():
+    model = BrightBoxDetector()
+    model.roi_heads.keypoint_on = True
+    with pytest.raises(ValueError, match="TEST.AUG.ENABLED False or MODEL.KEYPOINT_ON False"):
+        GeneralizedRCNNWithTTA(model, min_sizes=(20,), max_size=1000)
+
+
 def test_a_resized_input_still_comes_back_in_height_x_width():
     """The loader may have resized the image already (x2 here): detections go to height x width."""
     image = l_shape_image()
@@ -163,6 +170,30 @@ def test_one_scale_without_flip_is_plain_inference(model):
     assert torch.equal(got.pred_classes, reference.pred_classes)
     torch.testing.assert_close(got.pred_boxes.tensor, reference.pred_boxes.tensor, rtol=0, atol=1e-4)
     # Masks: the mask head ran on the boxes mapped there and back (1e-6 px apart).
+    assert (got.pred_masks ^ reference.pred_masks).sum() <= 2
+
+
+@pytest.mark.parametrize("resize_mode, legacy_plus_one", [("torchvision", False), ("maskrcnn_benchmark", True)])
+def test_one_scale_is_plain_inference_with_the_presets_resize_and_boxes(single_thread, resize_mode, legacy_plus_one):
+    # A preset's INPUT.RESIZE_MODE (torchvision's float resize, maskrcnn-benchmark's PIL one) and
+    # "+1" boxes (inclusive corners scaled back to the image) hold under TTA as in the loader.
+    torch.manual_seed(0)
+    overrides = {"MODEL.ROI_HEADS.SCORE_THRESH_TEST": 0.05, "INPUT.RESIZE_MODE": resize_mode}
+    if legacy_plus_one:
+        overrides["MODEL.BOX_LEGACY_PLUS_ONE"] = "True"
+    cfg = small_cfg(**overrides)
+    preset_model = build_model(cfg).eval()
+    image = random_image(60, 80)  # -> 45 x 60
+    resize = ResizeShortestEdge.test_transform(60, 80, 45, 96, resize_mode)
+    with torch.no_grad():
+        reference = preset_model([as_input(resize.apply_image(image), height=60, width=80)])[0]["instances"]
+    cfg.merge_from_list(["TEST.AUG.MIN_SIZES", "(45,)", "TEST.AUG.MAX_SIZE", "96", "TEST.AUG.FLIP", "False"])
+    tta = build_from_config(GeneralizedRCNNWithTTA, cfg, preset_model)
+    assert tta.resize_mode == resize_mode and tta.legacy_plus_one == legacy_plus_one
+    got = tta([as_input(image, height=60, width=80)])[0]["instances"]
+    assert len(reference) > 3
+    torch.testing.assert_close(got.scores, reference.scores, rtol=0, atol=0)
+    torch.testing.assert_close(got.pred_boxes.tensor, reference.pred_boxes.tensor, rtol=0, atol=1e-4)
     assert (got.pred_masks ^ reference.pred_masks).sum() <= 2
 
 
@@ -257,6 +288,8 @@ def test_from_config_and_bad_arguments(model):
         GeneralizedRCNNWithTTA(model, min_sizes=(96,), max_size=100, merge="wbf")
     with pytest.raises(ValueError, match="min_sizes"):
         GeneralizedRCNNWithTTA(model, min_sizes=(), max_size=100)
+    with pytest.raises(ValueError, match="resize_mode must be one of"):
+        GeneralizedRCNNWithTTA(model, min_sizes=(96,), max_size=100, resize_mode="pil")
     with pytest.raises(ValueError, match=r"batched_inputs\[0\]\['image'\] must be a Tensor\[C, H, W\]"):
         tta([{"image": np.zeros((4, 4, 3))}])
     tta.train()

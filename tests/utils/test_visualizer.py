@@ -199,3 +199,68 @@ def test_labels_of_an_enlarged_picture_leave_the_object_visible():
     small = draw_instances(img, inst, ["a square"], scale=1)
     big = draw_instances(img, inst, ["a square"], scale=upscale_factor(96, 128))
     assert covered(big, 5) < 0.1 < covered(small, 1)
+
+
+
+
+# --- keypoints ------------------------------------------------------------------------------------
+KP_NAMES = ["head", "left_hand", "right_hand"]
+KP_SKELETON = [("left_hand", "right_hand")]
+
+
+def keypoint_detection(points, score=0.9):
+    """One detection (class 2, box around the image) with keypoints [(x, y, logit), ...]."""
+    inst = detections(boxes=((2, 2, 126, 126),), scores=(score,), with_masks=False)
+    inst.pred_keypoints = torch.tensor([points], dtype=torch.float32)
+    return inst
+
+
+def color_at(img, x, y):
+    return tuple(int(v) for v in img[y, x])
+
+
+def test_keypoints_are_dots_coloured_by_side_on_the_skeleton():
+    img = np.full((128, 128, 3), 128, np.uint8)
+    # Points at the centers of pixels (30, 40), (90, 40), (60, 90).
+    inst = keypoint_detection([(60.5, 90.5, 5.0), (90.5, 40.5, 5.0), (30.5, 40.5, 5.0)])
+    out = draw_instances(img, inst, keypoint_names=KP_NAMES, keypoint_skeleton=KP_SKELETON)
+    assert color_at(out, 90, 40) == (0, 140, 255)  # left hand: orange (on the image's right)
+    assert color_at(out, 30, 40) == (255, 120, 0)  # right hand: blue
+    assert color_at(out, 60, 90) == (255, 255, 255)  # head: white
+    # The skeleton line (anti-aliased), in the class colour.
+    line = np.array(color_at(out, 60, 40), dtype=float)
+    assert np.abs(line - class_color(2)).max() < 0.3 * np.abs(np.array(class_color(2)) - 128).max()
+    assert color_at(out, 45, 65) == (128, 128, 128)  # head is not joined to the hands
+
+
+def test_keypoint_threshold_and_unlabeled_ground_truth_points_are_left_out():
+    img = np.full((128, 128, 3), 128, np.uint8)
+    inst = keypoint_detection([(60.5, 90.5, 5.0), (90.5, 40.5, 0.5), (30.5, 40.5, 5.0)])
+    out = draw_instances(img, inst, keypoint_names=KP_NAMES, keypoint_skeleton=KP_SKELETON, keypoint_threshold=1.0)
+    assert color_at(out, 90, 40) == (128, 128, 128) and color_at(out, 60, 40) == (128, 128, 128)
+    assert color_at(out, 30, 40) == (255, 120, 0)
+
+    from detcore.structures import Keypoints
+
+    gt = Instances((128, 128), gt_boxes=Boxes(torch.tensor([[2.0, 2, 126, 126]])), gt_classes=torch.tensor([0]))
+    gt.gt_keypoints = Keypoints(torch.tensor([[[60.5, 90.5, 2], [90.5, 40.5, 0], [30.5, 40.5, 1]]]))
+    out = draw_instances(img, gt, keypoint_names=KP_NAMES)
+    assert color_at(out, 90, 40) == (128, 128, 128) and color_at(out, 30, 40) == (255, 120, 0)
+
+
+def test_keypoint_drawing_errors_name_the_problem():
+    inst = keypoint_detection([(60.5, 90.5, 5.0), (90.5, 40.5, 5.0), (30.5, 40.5, 5.0)])
+    img = gradient_image()
+    with pytest.raises(ValueError, match=r"keypoint_skeleton names \['left_foot'\]"):
+        draw_instances(img, inst, keypoint_names=KP_NAMES, keypoint_skeleton=[("left_hand", "left_foot")])
+    with pytest.raises(ValueError, match="2 keypoint_names for 3 keypoints"):
+        draw_instances(img, inst, keypoint_names=KP_NAMES[:2])
+
+
+def test_keypoints_of_an_enlarged_picture_sit_at_the_scaled_positions():
+    img = np.full((128, 128, 3), 128, np.uint8)
+    inst = keypoint_detection([(60.5, 90.5, 5.0), (90.5, 40.5, 5.0), (30.5, 40.5, 5.0)])
+    out = draw_instances(img, inst, keypoint_names=KP_NAMES, keypoint_skeleton=KP_SKELETON, scale=4)
+    # The continuous point (90.5, 40.5) is (362, 162) enlarged: the centre of pixel (361.5, 161.5).
+    assert color_at(out, 362, 162) == (0, 140, 255) and color_at(out, 122, 162) == (255, 120, 0)
+    assert color_at(out, 90, 40) == (128, 128, 128)  # nothing at the unscaled position

@@ -28,6 +28,7 @@
 
 #include "../checks.h"
 #include "../roi_pool_common.h"
+#include "channel_blocks.h"
 #include "parallel.h"
 
 namespace detcore {
@@ -131,9 +132,6 @@ void roi_pool_forward_planar(
   });
 }
 
-// The blocked forward pools kBlock channels at a time (see roi_pool_forward_blocked).
-constexpr int64_t kBlock = 16;
-
 // Max and argmax of one non-empty bin over channels [0, n) of a block, scalar.
 template <typename T>
 void pool_bin_block_scalar(
@@ -223,34 +221,6 @@ void pool_bin_block(
   pool_bin_block_scalar(image, width, channels, n, rows, cols, best, best_at);
 }
 #endif
-
-// Copies channels [c0, c0 + n) of the input into `block`, an [N, H * W, kBlock] buffer: a
-// transposition of n planes for an NCHW input, a 16-channel slice of each pixel for a
-// channels-last one; in tiles of pixels small enough to stay in the L1 cache.
-template <typename T>
-void gather_block(const at::Tensor& input, bool channels_last, int64_t c0, int64_t n, T* block) {
-  constexpr int64_t kTile = 256;
-  const int64_t channels = input.size(1);
-  const int64_t plane = input.size(2) * input.size(3);
-  const T* in = input.data_ptr<T>();
-  for (int64_t image = 0; image < input.size(0); ++image) {
-    for (int64_t p0 = 0; p0 < plane; p0 += kTile) {
-      const int64_t p1 = std::min(plane, p0 + kTile);
-      T* dst = block + (image * plane + p0) * kBlock;
-      if (channels_last) {
-        const T* src = in + (image * plane + p0) * channels + c0;
-        for (int64_t px = 0; px < p1 - p0; ++px) {
-          std::memcpy(dst + px * kBlock, src + px * channels, n * sizeof(T));
-        }
-      } else {
-        for (int64_t k = 0; k < n; ++k) {
-          const T* src = in + (image * channels + c0 + k) * plane + p0;
-          for (int64_t px = 0; px < p1 - p0; ++px) dst[px * kBlock + k] = src[px];
-        }
-      }
-    }
-  }
-}
 
 // Threads take blocks of kBlock channels; each copies its block of the map into its own
 // [N, H * W, kBlock] buffer (a few MB: it stays in the cache while every roi reads it) and pools

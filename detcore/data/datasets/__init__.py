@@ -1,16 +1,19 @@
 """Dataset sources: COCO-format json files, Pascal VOC, Cityscapes, records registered from code
-(converted to COCO json for evaluation) and the synthetic shapes generator."""
+(converted to COCO json for evaluation) and the synthetic shapes and figures generators."""
 from .builtin import (
     COCO_CATEGORIES,
     get_datasets_root,
     register_all_builtin,
     register_cityscapes_instances,
+    register_figures,
     register_shapes,
     set_datasets_root,
 )
 from .cityscapes import CITYSCAPES_INSTANCE_CLASSES, load_cityscapes_instances
 from .coco import load_coco_json, register_coco_instances
 from .coco_conversion import convert_to_coco_dict, convert_to_coco_json
+from .figures import FiguresSpec, ensure_figures_dataset, generate_figures_split
+from .keypoint_meta import coco_person_keypoint_metadata, infer_flip_map, keypoint_metadata_from_categories
 from .pascal_voc import VOC_CLASSES, load_voc_instances, register_pascal_voc
 from .shapes import SHAPES_CLASSES, ShapesSpec, ensure_shapes_dataset, generate_shapes_split, get_cache_dir
 
@@ -25,6 +28,13 @@ __all__ = [
     "convert_to_coco_dict",
     "convert_to_coco_json",
     "SHAPES_CLASSES",
+    "FiguresSpec",
+    "coco_person_keypoint_metadata",
+    "ensure_figures_dataset",
+    "generate_figures_split",
+    "infer_flip_map",
+    "keypoint_metadata_from_categories",
+    "register_figures",
     "ShapesSpec",
     "ensure_shapes_dataset",
     "generate_shapes_split",

@@ -1,19 +1,22 @@
 """The datasets every detcore process knows by name: ``coco_2017_{train,val}``,
-``coco_2014_{train,val}``, ``voc_2007_{trainval,train,val,test}``, ``voc_2012_{trainval,train,val}``,
-``cityscapes_fine_instance_seg_{train,val}``, ``shapes_train`` and ``shapes_val``.
+``coco_2014_{train,val}``, their person keypoints ``coco_{2017,2014}_{train,val}_person``,
+``voc_2007_{trainval,train,val,test}``, ``voc_2012_{trainval,train,val}``,
+``cityscapes_fine_instance_seg_{train,val}``, ``shapes_{train,val}`` and ``figures_{train,val}``.
 
 COCO, VOC and Cityscapes are looked for under the data root, resolved when the dataset is used (not at
 import): ``cfg.DATASETS.ROOT`` when set (the loader builders pass it to ``set_datasets_root``),
 else ``$DETCORE_DATASETS``, else ``./datasets``; with the usual layouts::
 
     <root>/coco/annotations/instances_train2017.json
+    <root>/coco/annotations/person_keypoints_train2017.json
     <root>/coco/train2017/*.jpg
     <root>/VOC2007/{Annotations,ImageSets,JPEGImages}/   (VOCdevkit/VOC2007 of the devkit tar)
     <root>/VOC2012/{Annotations,ImageSets,JPEGImages}/
     <root>/cityscapes/leftImg8bit/train/<city>/*_leftImg8bit.png
     <root>/cityscapes/gtFine/train/<city>/*_gtFine_polygons.json (or *_gtFine_instanceIds.png)
 
-The shapes splits are generated into the cache on first use (see ``shapes.py``).
+The shapes and figures splits are generated into the cache on first use (see ``shapes.py``,
+``figures.py``).
 """
 import os
 from typing import Optional
@@ -21,10 +24,16 @@ from typing import Optional
 from ..catalog import DatasetCatalog, MetadataCatalog
 from .cityscapes import CITYSCAPES_INSTANCE_CLASSES, load_cityscapes_instances
 from .coco import load_coco_json
+from .figures import FIGURE_FLIP_MAP, FIGURE_KEYPOINT_NAMES, FIGURE_OKS_SIGMAS, FIGURE_SKELETON, FiguresSpec
+from .figures import ensure_figures_dataset
+from .keypoint_meta import coco_person_keypoint_metadata
 from .pascal_voc import register_pascal_voc
 from .shapes import SHAPES_CLASSES, ShapesSpec, ensure_shapes_dataset
 
-__all__ = ["get_datasets_root", "set_datasets_root", "register_cityscapes_instances", "register_shapes", "COCO_CATEGORIES"]
+__all__ = [
+    "get_datasets_root", "set_datasets_root", "register_cityscapes_instances", "register_figures", "register_shapes",
+    "COCO_CATEGORIES",
+]
 
 _ENV_VAR = "DETCORE_DATASETS"
 _root_override: Optional[str] = None
@@ -54,6 +63,11 @@ _COCO_SPLITS = {
     "coco_2017_val": ("val2017", "annotations/instances_val2017.json"),
     "coco_2014_train": ("train2014", "annotations/instances_train2014.json"),
     "coco_2014_val": ("val2014", "annotations/instances_val2014.json"),
+    # Person keypoints: the same images, the "person" category with its 17 keypoints.
+    "coco_2017_train_person": ("train2017", "annotations/person_keypoints_train2017.json"),
+    "coco_2017_val_person": ("val2017", "annotations/person_keypoints_val2017.json"),
+    "coco_2014_train_person": ("train2014", "annotations/person_keypoints_train2014.json"),
+    "coco_2014_val_person": ("val2014", "annotations/person_keypoints_val2014.json"),
 }
 
 # name -> (folder under the root, split, year).
@@ -72,6 +86,11 @@ _CITYSCAPES_SPLITS = {"cityscapes_fine_instance_seg_train": "train", "cityscapes
 _SHAPES_SPLITS = {
     "shapes_train": ShapesSpec(split="train", num_images=800),
     "shapes_val": ShapesSpec(split="val", num_images=100),
+}
+
+_FIGURES_SPLITS = {
+    "figures_train": FiguresSpec(split="train", num_images=600),
+    "figures_val": FiguresSpec(split="val", num_images=100),
 }
 
 
@@ -105,11 +124,15 @@ def _coco_paths(name: str, check: bool = False):
 def _register_coco(name: str) -> None:
     DatasetCatalog.register(name, lambda: load_coco_json(*_coco_paths(name, check=True), dataset_name=name))
     meta = MetadataCatalog.get(name)
-    meta.set(
-        thing_classes=[n for _, n in COCO_CATEGORIES],
-        thing_dataset_id_to_contiguous_id={cid: i for i, (cid, _) in enumerate(COCO_CATEGORIES)},
-        evaluator_type="coco",
-    )
+    if name.endswith("_person"):
+        # What the json's person category says, known before it is read (for drawing, flips).
+        meta.set(thing_classes=["person"], thing_dataset_id_to_contiguous_id={1: 0}, **coco_person_keypoint_metadata())
+    else:
+        meta.set(
+            thing_classes=[n for _, n in COCO_CATEGORIES],
+            thing_dataset_id_to_contiguous_id={cid: i for i, (cid, _) in enumerate(COCO_CATEGORIES)},
+        )
+    meta.set(evaluator_type="coco")
     meta.set_lazy("json_file", lambda: _coco_paths(name)[0])
     meta.set_lazy("image_root", lambda: _coco_paths(name)[1])
 
@@ -183,6 +206,31 @@ def register_shapes(name: str, spec: ShapesSpec, cache_dir: Optional[str] = None
     meta.set_lazy("image_root", lambda: os.path.join(folder(), "images"))
 
 
+def register_figures(name: str, spec: FiguresSpec, cache_dir: Optional[str] = None) -> None:
+    """Register a figures split (keypoints) under ``name``; generated into ``cache_dir`` (default:
+    ``$DETCORE_CACHE`` or ``~/.cache/detcore``) the first time it is used."""
+
+    def folder() -> str:
+        return ensure_figures_dataset(spec, cache_dir)
+
+    DatasetCatalog.register(
+        name, lambda: load_coco_json(os.path.join(folder(), "annotations.json"), os.path.join(folder(), "images"), name)
+    )
+    meta = MetadataCatalog.get(name)
+    # What the generated json's category says (load_coco_json checks that it agrees).
+    meta.set(
+        thing_classes=["figure"],
+        thing_dataset_id_to_contiguous_id={1: 0},
+        keypoint_names=list(FIGURE_KEYPOINT_NAMES),
+        keypoint_skeleton=list(FIGURE_SKELETON),
+        keypoint_flip_map=list(FIGURE_FLIP_MAP),
+        keypoint_oks_sigmas=list(FIGURE_OKS_SIGMAS),
+        evaluator_type="coco",
+    )
+    meta.set_lazy("json_file", lambda: os.path.join(folder(), "annotations.json"))
+    meta.set_lazy("image_root", lambda: os.path.join(folder(), "images"))
+
+
 def register_all_builtin() -> None:
     for name in _COCO_SPLITS:
         if name not in DatasetCatalog:
@@ -196,3 +244,6 @@ def register_all_builtin() -> None:
     for name, spec in _SHAPES_SPLITS.items():
         if name not in DatasetCatalog:
             register_shapes(name, spec)
+    for name, spec in _FIGURES_SPLITS.items():
+        if name not in DatasetCatalog:
+            register_figures(name, spec)

@@ -5,7 +5,14 @@ A record is one image::
     {"file_name": "<image_root>/<file_name>", "height": int, "width": int, "image_id": int,
      "annotations": [{"id": int, "bbox": [x1, y1, x2, y2] (float, xyxy), "category_id": int in
                       [0, K) (contiguous), "iscrowd": 0 or 1,
-                      "segmentation": [[x0, y0, x1, y1, ...], ...] or an RLE dict (optional)}]}
+                      "segmentation": [[x0, y0, x1, y1, ...], ...] or an RLE dict (optional),
+                      "keypoints": [x1, y1, v1, ..., xK, yK, vK] (optional; float)}]}
+
+Keypoints: COCO stores them as pixel indices; the records hold pixel centers (x + 0.5, y + 0.5),
+detcore's continuous convention (structures/keypoints.py), and the evaluator subtracts the 0.5
+again. Unlabeled points (v = 0) are (0, 0, 0). A json whose categories declare keypoint names
+(COCO's "keypoints" / "skeleton" fields) gives its dataset the keypoint metadata of
+``keypoint_meta``.
 
 Anything malformed is an error naming the json file and the annotation (or image) id.
 Well-formed but unusable annotations (non-finite or absurd coordinates, empty or outside boxes,
@@ -20,6 +27,7 @@ from typing import Any, Dict, List, Optional
 
 from ..catalog import DatasetCatalog, MetadataCatalog
 from .coco_checks import DropReport, is_real_number, unusable_reason, usable_polygons
+from .keypoint_meta import keypoint_metadata_from_categories
 
 __all__ = ["load_coco_json", "register_coco_instances"]
 
@@ -77,7 +85,32 @@ def _parse_segmentation(segm: Any, height: int, width: int) -> Any:
     return usable_polygons(polygons)
 
 
-def _parse_annotation(ann: Any, images: Dict[int, dict], id_map: Dict[int, int]) -> dict:
+def _parse_keypoints(ann: dict, expected: Optional[int]) -> List[float]:
+    """The annotation's keypoints, checked, as pixel centers (see the module docstring)."""
+    kps = ann["keypoints"]
+    if not isinstance(kps, list) or not kps or not all(is_real_number(v) for v in kps):
+        raise _Malformed("keypoints must be a non-empty flat list of numbers [x1, y1, v1, x2, y2, v2, ...]")
+    if len(kps) % 3 != 0:
+        raise _Malformed(f"keypoints must hold 3 numbers (x, y, visibility) per keypoint, got {len(kps)} numbers")
+    if expected is not None and len(kps) != 3 * expected:
+        raise _Malformed(f"keypoints has {len(kps) // 3} keypoints, but its category declares {expected} keypoint names")
+    visibility = kps[2::3]
+    bad = [v for v in visibility if v not in (0, 1, 2)]
+    if bad:
+        raise _Malformed(f"keypoint visibility must be 0 (unlabeled), 1 (occluded) or 2 (visible), got {bad[0]!r}")
+    labeled = sum(v > 0 for v in visibility)
+    num = ann.get("num_keypoints")
+    if num is not None and (not is_real_number(num) or num != labeled):
+        raise _Malformed(f"num_keypoints is {num!r} but {labeled} keypoints are labeled (visibility > 0)")
+    out: List[float] = []
+    for x, y, v in zip(kps[0::3], kps[1::3], visibility):
+        out += [float(x) + 0.5, float(y) + 0.5, float(v)] if v > 0 else [0.0, 0.0, 0.0]
+    return out
+
+
+def _parse_annotation(
+    ann: Any, images: Dict[int, dict], id_map: Dict[int, int], keypoint_counts: Dict[int, int]
+) -> dict:
     if not isinstance(ann, dict):
         raise _Malformed(f"an annotation must be a json object, got {type(ann).__name__}")
     image_id = ann.get("image_id")
@@ -101,6 +134,8 @@ def _parse_annotation(ann: Any, images: Dict[int, dict], id_map: Dict[int, int])
     if "segmentation" in ann:
         img = images[image_id]
         out["segmentation"] = _parse_segmentation(ann["segmentation"], img["height"], img["width"])
+    if "keypoints" in ann:
+        out["keypoints"] = _parse_keypoints(ann, keypoint_counts.get(ann["category_id"]))
     return out
 
 
@@ -121,13 +156,16 @@ def _parse_image(img: Any, index: int, json_file: str) -> dict:
 def load_coco_json(json_file: str, image_root: str, dataset_name: Optional[str] = None) -> List[dict]:
     """Read a COCO instances json into records (see the module docstring for their fields).
 
-    With ``dataset_name``, its metadata gets ``thing_classes`` (category names in id order) and
+    With ``dataset_name``, its metadata gets ``thing_classes`` (category names in id order),
     ``thing_dataset_id_to_contiguous_id`` (json category id -> contiguous id), which the COCO
-    evaluator uses to map predictions back.
+    evaluator uses to map predictions back, and the keypoint metadata of a keypoint json.
     """
     json_file, image_root = os.fspath(json_file), os.fspath(image_root)
     data = _read_json(json_file)
     thing_classes, id_map = _parse_categories(data, json_file)
+    keypoint_meta = keypoint_metadata_from_categories(data["categories"], json_file)
+    keypoint_counts = {c["id"]: len(c["keypoints"]) for c in data["categories"] if "keypoints" in c}
+    num_keypoints = None  # K of the first annotation with keypoints: all must have the same
 
     images: Dict[int, dict] = {}
     for i, img in enumerate(data["images"]):
@@ -151,7 +189,13 @@ def load_coco_json(json_file: str, image_root: str, dataset_name: Optional[str] 
             raise ValueError(f"{where}: annotation ids must be unique, this one appears twice")
         seen_ids.add(ann_id)
         try:
-            parsed = _parse_annotation(ann, images, id_map)
+            parsed = _parse_annotation(ann, images, id_map, keypoint_counts)
+            if "keypoints" in parsed:
+                num_keypoints = num_keypoints or len(parsed["keypoints"]) // 3
+                if len(parsed["keypoints"]) != 3 * num_keypoints:
+                    raise _Malformed(
+                        f"has {len(parsed['keypoints']) // 3} keypoints where earlier annotations have {num_keypoints}"
+                    )
         except _Malformed as e:
             raise ValueError(f"{where}: {e}") from None
         img = images[ann["image_id"]]
@@ -175,7 +219,9 @@ def load_coco_json(json_file: str, image_root: str, dataset_name: Optional[str] 
         )
     logger.info("Loaded %d images and %d annotations from %s", len(records), len(seen_ids) - drops.total, json_file)
     if dataset_name is not None:
-        MetadataCatalog.get(dataset_name).set(thing_classes=thing_classes, thing_dataset_id_to_contiguous_id=id_map)
+        MetadataCatalog.get(dataset_name).set(
+            thing_classes=thing_classes, thing_dataset_id_to_contiguous_id=id_map, **keypoint_meta
+        )
     return records
 
 

@@ -11,7 +11,8 @@ and where the evaluator loads its ground truth (so pycocotools never gets it). U
   (above) it or right of (below) it; COCO annotations lie within their images, and such values
   (1e9, say) make mask rasterization allocate without bound;
 - a bbox with zero or negative width or height, or one lying entirely outside the image;
-- a segmentation with no polygon of 3 or more points (shorter ones cover nothing).
+- a segmentation with no polygon of 3 or more points (shorter ones cover nothing);
+- a labeled keypoint (visibility > 0) with a NaN or infinite coordinate.
 """
 import logging
 import math
@@ -65,6 +66,11 @@ def unusable_reason(ann: dict, width: int, height: int) -> Optional[str]:
             return "polygon far outside the image"
         if not usable_polygons(segm):
             return "no polygon with 3 or more points"
+    kps = ann.get("keypoints")
+    if isinstance(kps, list) and all(is_real_number(v) for v in kps):
+        labeled = [v for i in range(2, len(kps), 3) if kps[i] > 0 for v in kps[i - 2 : i]]
+        if not all(math.isfinite(float(v)) for v in labeled):
+            return "non-finite keypoint coordinate"
     return None
 
 

@@ -12,7 +12,8 @@ half-written json for the next one to trust; older conversions of the same name 
 What is converted, per annotation: the box (records are xyxy, COCO is xywh), ``category_id``
 (contiguous ``0..K-1`` -> the dataset's ids through ``thing_dataset_id_to_contiguous_id`` when
 the metadata has it, else unchanged), ``iscrowd``, and the segmentation: polygons and RLE dicts
-as they are, a bitmask (``[H, W]`` array) as compressed RLE. ``area`` is the annotation's own
+as they are, a bitmask (``[H, W]`` array) as compressed RLE; keypoints (records hold pixel
+centers) as COCO's pixel indices, with their ``num_keypoints``. ``area`` is the annotation's own
 when it has one, else the segmentation's pixel area, else the box's (``annotation_area``).
 """
 import hashlib
@@ -33,7 +34,7 @@ __all__ = ["annotation_area", "convert_to_coco_dict", "convert_to_coco_json"]
 logger = logging.getLogger(__name__)
 
 # Bump when the json written for the same records changes, so old caches are not reused.
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2  # 2: keypoints
 _HASH_CHARS = 16
 
 
@@ -79,6 +80,18 @@ def _segmentation(segm: Any, where: str, height: int, width: int) -> Any:
     raise ValueError(
         f"{where}: segmentation must be polygons, an RLE dict or an [H, W] bitmask, got {type(segm).__name__}"
     )
+
+
+def _keypoints(keypoints: Any, where: str) -> List[float]:
+    """A record's keypoints (pixel centers, [K, 3] or flat) as COCO's flat pixel indices."""
+    kp = np.asarray(keypoints.detach().cpu() if hasattr(keypoints, "detach") else keypoints, dtype=np.float64)
+    if kp.size % 3 or kp.size == 0 or not np.isfinite(kp).all():
+        raise ValueError(f"{where}: keypoints must be finite (x, y, visibility) triplets, got shape {kp.shape}")
+    kp = kp.reshape(-1, 3).copy()
+    labeled = kp[:, 2] > 0
+    kp[labeled, :2] -= 0.5  # the loader's +0.5 undone
+    kp[~labeled] = 0
+    return kp.reshape(-1).tolist()
 
 
 def _real(value: Any) -> bool:
@@ -142,6 +155,9 @@ def convert_to_coco_dict(
             segm = None
             if "segmentation" in ann:
                 segm = out["segmentation"] = _segmentation(ann["segmentation"], ann_where, height, width)
+            if "keypoints" in ann:
+                out["keypoints"] = _keypoints(ann["keypoints"], ann_where)
+                out["num_keypoints"] = sum(1 for v in out["keypoints"][2::3] if v > 0)
             area = ann.get("area")
             out["area"] = float(area) if _real(area) else annotation_area(segm, out["bbox"], height, width)
             annotations.append(out)

@@ -13,17 +13,12 @@ earlier one is placed elsewhere, because COCO polygons cannot describe holes. Fi
 colours are painted from the id map, so image and masks agree pixel for pixel.
 
 Everything is written as a real COCO json + PNG files into a cache folder
-(``$DETCORE_CACHE`` or ``~/.cache/detcore``, then ``shapes-v1-<split>-...``) and then read by
-the ordinary COCO loader. Every image has its own random generator seeded by (seed, split,
-index), so a generation is byte-identical to any other with the same parameters. The split is
-written into a temporary folder that is renamed into place at the end, so a killed generation
-never leaves a half-written dataset behind.
+(``$DETCORE_CACHE`` or ``~/.cache/detcore``, then ``shapes-v1-<split>-...``; see generated.py)
+and then read by the ordinary COCO loader. Every image has its own random generator seeded by
+(seed, split, index), so a generation is byte-identical to any other with the same parameters.
 """
 import json
 import os
-import shutil
-import tempfile
-import time
 import zlib
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Tuple
@@ -32,8 +27,13 @@ import cv2
 import numpy as np
 
 from ..detection_utils import mask_to_polygons
+from .generated import ensure_generated, get_cache_dir
+from .generated import write_png as _write_png
 
-__all__ = ["SHAPES_CLASSES", "ShapesSpec", "ensure_shapes_dataset", "generate_shapes_split", "get_cache_dir"]
+__all__ = [
+    "PALETTE", "SHAPES_CLASSES", "ShapesSpec", "ensure_shapes_dataset", "generate_shapes_split", "get_cache_dir",
+    "textured_background",
+]
 
 # Version of the generator: bump it whenever the output changes, so old caches are not reused.
 _VERSION = "v1"
@@ -44,7 +44,7 @@ _PLACEMENT_TRIES = 8
 _SHIFT = 4  # cv2 drawing with 4 fractional bits: sub-pixel shape positions
 
 # BGR colours the shapes pick from (red, green, blue, yellow, cyan, magenta, orange, white, black, purple).
-_PALETTE = np.array(
+PALETTE = np.array(
     [
         [40, 40, 210], [50, 170, 40], [200, 70, 30], [40, 210, 220], [210, 200, 40],
         [190, 50, 190], [30, 130, 245], [235, 235, 235], [25, 25, 25], [140, 40, 100],
@@ -84,13 +84,8 @@ class ShapesSpec:
         )
 
 
-def get_cache_dir() -> str:
-    """``$DETCORE_CACHE`` if set, else ``~/.cache/detcore``."""
-    return os.environ.get("DETCORE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "detcore")
-
-
 # --- drawing --------------------------------------------------------------------------------------
-def _background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+def textured_background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     """``[h, w, 3]`` float32 BGR texture: smooth noise, a linear gradient, or stripes."""
     c1, c2 = rng.uniform(20, 235, size=(2, 3)).astype(np.float32)
     kind = rng.integers(3)
@@ -203,9 +198,9 @@ def _paint(rng: np.random.Generator, background: np.ndarray, ids: np.ndarray, nu
     h, w = ids.shape
     for k in range(1, num + 1):
         # Prefer palette colours that stand out from the background (most of the time).
-        far = np.linalg.norm(_PALETTE - bg_mean, axis=1) > 90
-        choices = np.flatnonzero(far) if far.any() and rng.random() < 0.9 else np.arange(len(_PALETTE))
-        color = _PALETTE[rng.choice(choices)] + rng.uniform(-20, 20, size=3).astype(np.float32)
+        far = np.linalg.norm(PALETTE - bg_mean, axis=1) > 90
+        choices = np.flatnonzero(far) if far.any() and rng.random() < 0.9 else np.arange(len(PALETTE))
+        color = PALETTE[rng.choice(choices)] + rng.uniform(-20, 20, size=3).astype(np.float32)
         # A soft linear shading, so shapes are not flat colour.
         angle = rng.uniform(0, 2 * np.pi)
         strength = rng.uniform(0, 40) / max(h, w)
@@ -220,7 +215,7 @@ def _make_image(spec: ShapesSpec, index: int):
     """The image and its annotations (json-ready, COCO xywh boxes, 1-based category ids)."""
     rng = np.random.default_rng([spec.seed, zlib.crc32(spec.split.encode()), index])
     h, w = (int(v) for v in rng.integers(spec.min_size, spec.max_size + 1, size=2))
-    background = _background(rng, h, w)
+    background = textured_background(rng, h, w)
     ids, classes = _place_shapes(rng, h, w, spec.max_shapes)
     image = _paint(rng, background, ids, len(classes))
     annotations = []
@@ -241,11 +236,6 @@ def _make_image(spec: ShapesSpec, index: int):
 
 
 # --- writing --------------------------------------------------------------------------------------
-def _write_png(path: str, image: np.ndarray) -> None:
-    if not cv2.imwrite(path, image):
-        raise OSError(f"could not write {path}")
-
-
 def generate_shapes_split(spec: ShapesSpec, out_dir: str) -> None:
     """Write ``out_dir/annotations.json`` and ``out_dir/images/NNNNNN.png`` (not atomic by
     itself: ``ensure_shapes_dataset`` calls it on a temporary folder)."""
@@ -271,38 +261,7 @@ def generate_shapes_split(spec: ShapesSpec, out_dir: str) -> None:
         f.write(json.dumps(data))  # dumps uses the C encoder, dump does not
 
 
-def _remove_stale(cache_dir: str, prefix: str, max_age_s: float = 3600.0) -> None:
-    """Delete temporary folders left by killed generations (a live one takes seconds, not an hour)."""
-    now = time.time()
-    for name in os.listdir(cache_dir):
-        path = os.path.join(cache_dir, name)
-        try:
-            if name.startswith(prefix) and now - os.path.getmtime(path) > max_age_s:
-                shutil.rmtree(path, ignore_errors=True)
-        except OSError:  # removed meanwhile by another process
-            pass
-
-
 def ensure_shapes_dataset(spec: ShapesSpec, cache_dir: Optional[str] = None) -> str:
     """The folder of ``spec``'s split, generating it first if it is not in the cache yet.
     Returns ``<cache>/<spec.dirname>`` (holding ``annotations.json`` and ``images/``)."""
-    cache_dir = cache_dir or get_cache_dir()
-    final = os.path.join(cache_dir, spec.dirname)
-    if os.path.isdir(final):
-        return final
-    os.makedirs(cache_dir, exist_ok=True)
-    prefix = f".{spec.dirname}.tmp-"
-    _remove_stale(cache_dir, prefix)
-    tmp = tempfile.mkdtemp(prefix=prefix, dir=cache_dir)
-    try:
-        generate_shapes_split(spec, tmp)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is meant to be shared
-        try:
-            os.rename(tmp, final)  # atomic: the split appears complete or not at all
-        except OSError:
-            if not os.path.isdir(final):  # not "another process finished first"
-                raise
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return ensure_generated(spec.dirname, lambda folder: generate_shapes_split(spec, folder), cache_dir)

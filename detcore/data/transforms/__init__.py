@@ -23,6 +23,7 @@ from .base import (
     TransformList,
     VFlipTransform,
     apply_augmentations,
+    mirrors,
 )
 from .color import (
     BrightnessTransform,
@@ -62,5 +63,6 @@ __all__ = [
     "RandomSaturation",
     "RandomLighting",
     "apply_augmentations",
+    "mirrors",
     "clip_polygon",
 ]

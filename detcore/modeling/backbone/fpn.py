@@ -4,7 +4,7 @@ Every selected backbone level gets a 1×1 lateral conv to `out_channels`; starti
 coarsest, each level adds the nearest-neighbour upsampled level above it, and a 3×3 output conv
 smooths the sum. Levels are named p{k} for stride 2**k (res2 → p2 at stride 4, ...). A top
 block adds coarser levels: P6 by subsampling P5 (Mask R-CNN's RPN) or P6/P7 by strided convs
-(RetinaNet).
+(RetinaNet: from C5 in the paper and detectron2, from P5 in torchvision's retinanet_resnet50_fpn).
 
 Module names follow detectron2 (`fpn_lateral{k}`, `fpn_output{k}`, each with a `.norm` when one
 is used, `top_block.p6/.p7`, and the body under `bottom_up`), so its FPN checkpoints map onto
@@ -50,8 +50,8 @@ class LastLevelMaxPool(nn.Module):
 
 
 class LastLevelP6P7(nn.Module):
-    """RetinaNet's extra levels: P6 = 3×3/2 conv of `in_feature` (C5 by default), P7 = 3×3/2
-    conv of relu(P6)."""
+    """RetinaNet's extra levels: P6 = 3×3/2 conv of `in_feature` (C5 by default, or P5), P7 =
+    3×3/2 conv of relu(P6)."""
 
     num_levels = 2
 
@@ -210,13 +210,16 @@ class FPN(Backbone):
 
 def build_top_block(name, bottom_up_shapes, out_channels):
     """The FPN's extra levels by name: "maxpool" (P6 from P5, Faster/Mask R-CNN), "p6p7" (P6/P7
-    from C5, RetinaNet) or "" / "none" (no extra level)."""
+    from C5, RetinaNet), "p6p7_from_p5" (P6/P7 from P5, torchvision's RetinaNet) or "" / "none"
+    (no extra level)."""
     if name == "maxpool":
         return LastLevelMaxPool()
     if name == "p6p7":
         if "res5" not in bottom_up_shapes:
             raise ValueError("FPN top block 'p6p7' is computed from res5: add it to MODEL.RESNETS.OUT_FEATURES")
         return LastLevelP6P7(bottom_up_shapes["res5"].channels, out_channels, in_feature="res5")
+    if name == "p6p7_from_p5":
+        return LastLevelP6P7(out_channels, out_channels, in_feature="p5")
     if name in ("", "none"):
         return None
     raise ValueError(f"MODEL.FPN.TOP_BLOCK must be one of {list(FPN_TOP_BLOCKS)}, got {name!r}")

@@ -3,5 +3,6 @@ from .base import DetectorBase
 from .build import META_ARCH_REGISTRY, build_model
 from .proposal_network import ProposalNetwork
 from .rcnn import GeneralizedRCNN
+from .retinanet import RetinaNet
 
-__all__ = ["META_ARCH_REGISTRY", "DetectorBase", "GeneralizedRCNN", "ProposalNetwork", "build_model"]
+__all__ = ["META_ARCH_REGISTRY", "DetectorBase", "GeneralizedRCNN", "ProposalNetwork", "RetinaNet", "build_model"]

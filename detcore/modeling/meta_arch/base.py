@@ -1,8 +1,11 @@
-"""What every meta-architecture does around its heads: normalize and pad the input images, and
-at inference batch together only images of the same padded size.
+"""What every meta-architecture (GeneralizedRCNN, ProposalNetwork, RetinaNet) does around its
+heads: normalize and pad the input images, check the training targets, at inference batch
+together only images of the same padded size, and map the results back to each image's size.
 
 A subclass passes its backbone and its other sub-modules (by name, in order) to
-``DetectorBase.__init__``, and implements ``forward`` and ``_inference_batch``.
+``DetectorBase.__init__``, implements ``forward`` (training) and ``_inference_batch`` (one padded
+batch → per image an ``Instances`` in the resized input's frame), and, if its results are not
+detections, ``result_key`` and ``postprocess_one``.
 """
 import math
 from typing import Dict, List, Sequence
@@ -10,10 +13,11 @@ from typing import Dict, List, Sequence
 import torch
 from torch import nn
 
-from detcore.structures import ImageList
+from detcore.structures import ImageList, Instances
 from detcore.structures.image_list import padded_side
 
 from ..backbone import Backbone
+from ..postprocessing import detector_postprocess
 
 __all__ = ["DetectorBase"]
 
@@ -28,6 +32,11 @@ class DetectorBase(nn.Module):
         **heads: the other sub-modules (e.g. proposal_generator, roi_heads), registered in the
             order given, after the backbone (checkpoints list them in that order).
     """
+
+    # Whether results carry masks (Predictor and export ask the model, whatever its heads).
+    mask_on = False
+    # The key of each postprocessed result in the output dicts.
+    result_key = "instances"
 
     def __init__(
         self,
@@ -83,6 +92,12 @@ class DetectorBase(nn.Module):
             images.tensor = images.tensor.contiguous(memory_format=torch.channels_last)
         return images
 
+    def gt_instances(self, batched_inputs: List[Dict]) -> List[Instances]:
+        """The training targets of every input, on the model's device."""
+        if any("instances" not in x for x in batched_inputs):
+            raise ValueError(f"{type(self).__name__} in training mode needs 'instances' in every input dict")
+        return [x["instances"].to(self.device) for x in batched_inputs]
+
     @torch.no_grad()
     def inference(self, batched_inputs: List[Dict], do_postprocess: bool = True) -> List:
         """Outputs per input. Images are batched with those of the same padded size only, so
@@ -113,3 +128,16 @@ class DetectorBase(nn.Module):
         """One padded batch → per image the raw results (``do_postprocess=False``: Instances in
         the input's size) or the outputs in the original image size."""
         raise NotImplementedError(f"{type(self).__name__} must implement _inference_batch")
+
+    def postprocess(self, results: List[Instances], batched_inputs: List[Dict]) -> List[Dict]:
+        """Each result rescaled from the resized input to the size the input dict asks for
+        ("height" / "width", default: the input's own), as ``{result_key: Instances}``."""
+        processed = []
+        for result, x in zip(results, batched_inputs):
+            height = x.get("height", result.image_size[0])
+            width = x.get("width", result.image_size[1])
+            processed.append({self.result_key: self.postprocess_one(result, height, width)})
+        return processed
+
+    def postprocess_one(self, result: Instances, height: int, width: int) -> Instances:
+        return detector_postprocess(result, height, width)

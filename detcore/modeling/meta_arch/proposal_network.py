@@ -25,6 +25,8 @@ __all__ = ["ProposalNetwork"]
 class ProposalNetwork(DetectorBase):
     """Args: as GeneralizedRCNN's, without the ROI heads and their mask settings."""
 
+    result_key = "proposals"
+
     def __init__(
         self,
         *,
@@ -83,10 +85,8 @@ class ProposalNetwork(DetectorBase):
     def forward(self, batched_inputs: List[Dict]):
         if not self.training:
             return self.inference(batched_inputs)
-        if any("instances" not in x for x in batched_inputs):
-            raise ValueError("ProposalNetwork in training mode needs 'instances' (with gt_boxes) in every input dict")
+        gt_instances = self.gt_instances(batched_inputs)
         images = self.preprocess_image(batched_inputs)
-        gt_instances = [x["instances"].to(self.device) for x in batched_inputs]
         features = self.backbone(images.tensor)
         _, losses = self.proposal_generator(images, features, gt_instances)
         return losses
@@ -99,10 +99,5 @@ class ProposalNetwork(DetectorBase):
             return proposals
         return self.postprocess(proposals, batched_inputs)
 
-    def postprocess(self, proposals: List[Instances], batched_inputs: List[Dict]) -> List[Dict]:
-        processed = []
-        for result, x in zip(proposals, batched_inputs):
-            height = x.get("height", result.image_size[0])
-            width = x.get("width", result.image_size[1])
-            processed.append({"proposals": proposal_postprocess(result, height, width)})
-        return processed
+    def postprocess_one(self, result: Instances, height: int, width: int) -> Instances:
+        return proposal_postprocess(result, height, width)

@@ -21,7 +21,8 @@ __all__ = ["GeneralizedRCNN"]
 
 @META_ARCH_REGISTRY.register()
 class GeneralizedRCNN(DetectorBase):
-    """Faster / Mask R-CNN: what the heads are is decided by the config (MODEL.MASK_ON, ...)."""
+    """Faster / Mask R-CNN: what the heads are is decided by the config (MODEL.MASK_ON, ...).
+    Input normalization, padding, batched inference and rescaling are DetectorBase's."""
 
     def __init__(
         self,
@@ -36,6 +37,7 @@ class GeneralizedRCNN(DetectorBase):
         paste_mode: str = "aligned",
         size_divisibility: int = 0,
         channels_last: bool = False,
+        legacy_plus_one: bool = False,
     ):
         super().__init__(
             backbone=backbone,
@@ -49,6 +51,7 @@ class GeneralizedRCNN(DetectorBase):
         )
         self.mask_threshold = mask_threshold
         self.paste_mode = paste_mode
+        self.legacy_plus_one = bool(legacy_plus_one)
 
     @classmethod
     def from_config(cls, cfg):
@@ -65,15 +68,18 @@ class GeneralizedRCNN(DetectorBase):
             "paste_mode": cfg.MODEL.ROI_MASK_HEAD.PASTE_MODE,
             "size_divisibility": cfg.INPUT.SIZE_DIVISIBILITY,
             "channels_last": cfg.MODEL.CHANNELS_LAST,
+            "legacy_plus_one": cfg.MODEL.BOX_LEGACY_PLUS_ONE,
         }
+
+    @property
+    def mask_on(self) -> bool:
+        return bool(getattr(self.roi_heads, "mask_on", False))
 
     def forward(self, batched_inputs: List[Dict]):
         if not self.training:
             return self.inference(batched_inputs)
-        if any("instances" not in x for x in batched_inputs):
-            raise ValueError("GeneralizedRCNN in training mode needs 'instances' in every input dict")
+        gt_instances = self.gt_instances(batched_inputs)
         images = self.preprocess_image(batched_inputs)
-        gt_instances = [x["instances"].to(self.device) for x in batched_inputs]
         features = self.backbone(images.tensor)
         proposals, proposal_losses = self.proposal_generator(images, features, gt_instances)
         _, detector_losses = self.roi_heads(images, features, proposals, gt_instances)
@@ -88,13 +94,5 @@ class GeneralizedRCNN(DetectorBase):
             return results
         return self.postprocess(results, batched_inputs)
 
-    def postprocess(self, results: List[Instances], batched_inputs: List[Dict]) -> List[Dict]:
-        processed = []
-        for result, x in zip(results, batched_inputs):
-            height = x.get("height", result.image_size[0])
-            width = x.get("width", result.image_size[1])
-            processed.append(
-                {"instances": detector_postprocess(result, height, width, self.mask_threshold, self.paste_mode)}
-            )
-        return processed
-
+    def postprocess_one(self, result: Instances, height: int, width: int) -> Instances:
+        return detector_postprocess(result, height, width, self.mask_threshold, self.paste_mode, self.legacy_plus_one)

@@ -14,10 +14,10 @@ from torch import nn
 from detcore.layers import batched_nms
 from detcore.layers.shape_spec import ShapeSpec
 from detcore.structures import Boxes, ImageList, Instances, pairwise_iou
-from detcore.config.choices import BOX_REG_LOSS_TYPES, RPN_LOSS_NORMALIZERS
+from detcore.config.choices import BOX_REG_LOSS_TYPES, RPN_LOSS_NORMALIZERS, RPN_PROPOSAL_RANKINGS
 
 from ..anchor_generator import build_anchor_generator
-from ..box_regression import Box2BoxTransform, box_regression_loss, giou_loss
+from ..box_regression import Box2BoxTransform, box_loss
 from ..matcher import Matcher
 from ..sampling import subsample_labels
 from .build import PROPOSAL_GENERATOR_REGISTRY
@@ -35,6 +35,8 @@ def find_top_rpn_proposals(
     post_nms_topk: int,
     min_box_size: float = 0.0,
     training: bool = False,
+    ranking: str = "logit",
+    legacy_plus_one: bool = False,
 ) -> List[Instances]:
     """Select each image's proposals.
 
@@ -48,11 +50,18 @@ def find_top_rpn_proposals(
         min_box_size: boxes whose width or height is not above this are dropped.
         training: non-finite predictions raise in training (the model diverged) and are dropped
             at inference.
+        ranking: what orders the boxes for the NMS and ``post_nms_topk``: "logit",
+            "sigmoid" (the float32 probability: saturated logits tie, ties stay in level order) or
+            "torchvision" (the probability, ties ordered as torchvision's batched_nms leaves them;
+            see `_torchvision_order`). The per-level top-k always takes the largest logits.
+        legacy_plus_one: clip as Detectron does (`detcore.structures.clip_limits`).
 
     Returns:
         one ``Instances`` per image with ``proposal_boxes`` (Boxes) and ``objectness_logits``,
-        by decreasing objectness.
+        by decreasing rank.
     """
+    if ranking not in RPN_PROPOSAL_RANKINGS:
+        raise ValueError(f"find_top_rpn_proposals: ranking must be one of {list(RPN_PROPOSAL_RANKINGS)}, got {ranking!r}")
     num_images = len(image_sizes)
     if len(proposals) != len(pred_objectness_logits):
         raise ValueError(
@@ -81,13 +90,33 @@ def find_top_rpn_proposals(
         if training and not bool(finite.all()):
             raise FloatingPointError("RPN predicted non-finite boxes or objectness logits: training diverged")
         # Masked unconditionally (no data-dependent branch), so the path traces into one graph.
-        boxes = Boxes(boxes).clip(image_size)
+        boxes = Boxes(boxes).clip(image_size, legacy_plus_one)
         keep = finite & boxes.nonempty(threshold=min_box_size)
         boxes, scores, lvl = boxes[keep], scores[keep], lvl[keep]
 
-        keep = batched_nms(boxes.tensor, scores, lvl, nms_thresh)[:post_nms_topk]
+        rank = scores if ranking == "logit" else torch.sigmoid(scores)
+        keep = batched_nms(boxes.tensor, rank, lvl, nms_thresh)
+        if ranking == "torchvision":
+            keep = _torchvision_order(keep, rank, boxes.tensor)
+        keep = keep[:post_nms_topk]
         results.append(Instances(image_size, proposal_boxes=boxes[keep], objectness_logits=scores[keep]))
     return results
+
+
+def _torchvision_order(keep: torch.Tensor, scores: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    """``keep`` (by decreasing score, ties by index) reordered as torchvision's batched_nms
+    returns its survivors. For more than 4000 box coordinates on the CPU (100k on a GPU) it runs
+    one NMS per level and sorts the survivors, taken in index order, with an unstable sort: boxes
+    whose probabilities tie (saturated at 1.0) then come in the order that sort leaves them, which
+    decides who passes the per-image top-k. The same sort call on the same values reproduces it;
+    below the threshold (and when traced or exported) it runs one stable NMS, as ``keep`` already
+    is: an exported graph keeps that order (no branch on a data-dependent count)."""
+    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return keep
+    if boxes.numel() <= (4000 if boxes.device.type == "cpu" else 100_000):
+        return keep
+    keep = keep.sort().values
+    return keep[scores[keep].sort(descending=True)[1]]
 
 
 @PROPOSAL_GENERATOR_REGISTRY.register()
@@ -112,6 +141,8 @@ class RPN(nn.Module):
         smooth_l1_beta: smooth L1 transition point (0 means L1).
         loss_normalizer: what both losses are divided by: "batch_size" (``batch_size_per_image *
             num_images``, Detectron) or "num_sampled" (the anchors actually sampled, torchvision).
+        proposal_ranking: "logit", "sigmoid" or "torchvision" (see `find_top_rpn_proposals`).
+        legacy_plus_one: clip proposals as Detectron does (MODEL.BOX_LEGACY_PLUS_ONE).
     """
 
     def __init__(
@@ -133,6 +164,8 @@ class RPN(nn.Module):
         box_reg_loss_type: str = "smooth_l1",
         smooth_l1_beta: float = 0.0,
         loss_normalizer: str = "batch_size",
+        proposal_ranking: str = "logit",
+        legacy_plus_one: bool = False,
     ):
         super().__init__()
         self.in_features = list(in_features)
@@ -166,6 +199,12 @@ class RPN(nn.Module):
         if loss_normalizer not in RPN_LOSS_NORMALIZERS:
             raise ValueError(f"RPN: loss_normalizer must be one of {list(RPN_LOSS_NORMALIZERS)}, got {loss_normalizer!r}")
         self.loss_normalizer = loss_normalizer
+        if proposal_ranking not in RPN_PROPOSAL_RANKINGS:
+            raise ValueError(
+                f"RPN: proposal_ranking must be one of {list(RPN_PROPOSAL_RANKINGS)}, got {proposal_ranking!r}"
+            )
+        self.proposal_ranking = proposal_ranking
+        self.legacy_plus_one = bool(legacy_plus_one)
 
     @classmethod
     def from_config(cls, cfg, input_shape: Dict[str, ShapeSpec]):
@@ -196,6 +235,8 @@ class RPN(nn.Module):
             "box_reg_loss_type": rpn.BBOX_REG_LOSS_TYPE,
             "smooth_l1_beta": rpn.SMOOTH_L1_BETA,
             "loss_normalizer": rpn.LOSS_NORMALIZER,
+            "proposal_ranking": rpn.PROPOSAL_RANKING,
+            "legacy_plus_one": cfg.MODEL.BOX_LEGACY_PLUS_ONE,
         }
 
     # --- training targets ---------------------------------------------------------------------
@@ -256,12 +297,9 @@ class RPN(nn.Module):
         pos_anchors = anchors[None].expand(num_images, -1, -1)[positive]
         pos_deltas = deltas[positive]
         pos_gt = matched_gt_boxes[positive]
-        if self.box_reg_loss_type == "giou":
-            pred_boxes = self.box2box_transform.apply_deltas(pos_deltas, pos_anchors)
-            loss_loc = giou_loss(pred_boxes, pos_gt)
-        else:
-            target = self.box2box_transform.get_deltas(pos_anchors, pos_gt)
-            loss_loc = box_regression_loss(pos_deltas, target, self.box_reg_loss_type, self.smooth_l1_beta)
+        loss_loc = box_loss(
+            self.box2box_transform, pos_anchors, pos_deltas, pos_gt, self.box_reg_loss_type, self.smooth_l1_beta
+        )
 
         loss_cls = F.binary_cross_entropy_with_logits(
             logits[valid], gt_labels[valid].to(logits.dtype), reduction="sum"
@@ -338,6 +376,8 @@ class RPN(nn.Module):
             self.post_nms_topk[self.training],
             self.min_box_size,
             self.training,
+            self.proposal_ranking,
+            self.legacy_plus_one,
         )
 
     def _decode_proposals(self, anchors: List[Boxes], pred_anchor_deltas: List[torch.Tensor]) -> List[torch.Tensor]:

@@ -12,10 +12,10 @@ from torch import Tensor, nn
 
 from detcore.config.choices import BOX_REG_LOSS_TYPES
 from detcore.layers import ShapeSpec, batched_nms
-from detcore.structures import Boxes, Instances
+from detcore.structures import Boxes, Instances, clip_limits
 from detcore.utils.registry import Registry
 
-from ..box_regression import Box2BoxTransform, box_regression_loss, giou_loss
+from ..box_regression import Box2BoxTransform, box_loss
 
 __all__ = [
     "ROI_BOX_PREDICTOR_REGISTRY",
@@ -39,6 +39,7 @@ def fast_rcnn_inference(
     nms_thresh: float,
     topk_per_image: int,
     min_box_size: float = 0.0,
+    legacy_plus_one: bool = False,
 ) -> Tuple[List[Instances], List[Tensor]]:
     """Per-image detections from per-class boxes and class probabilities.
 
@@ -51,6 +52,7 @@ def fast_rcnn_inference(
         topk_per_image: keep this many detections per image (all of them if < 0).
         min_box_size: if > 0, (clipped) boxes with a side below this are dropped before the NMS
             (torchvision drops sides under 0.01 px).
+        legacy_plus_one: clip as Detectron does (`detcore.structures.clip_limits`).
 
     Returns:
         Instances (pred_boxes, scores, pred_classes) per image, by decreasing score, and per image
@@ -62,7 +64,9 @@ def fast_rcnn_inference(
             f"{len(image_shapes)} image shapes; need one of each per image"
         )
     results = [
-        fast_rcnn_inference_single_image(b, s, shape, score_thresh, nms_thresh, topk_per_image, min_box_size)
+        fast_rcnn_inference_single_image(
+            b, s, shape, score_thresh, nms_thresh, topk_per_image, min_box_size, legacy_plus_one
+        )
         for b, s, shape in zip(boxes, scores, image_shapes)
     ]
     return [r[0] for r in results], [r[1] for r in results]
@@ -76,6 +80,7 @@ def fast_rcnn_inference_single_image(
     nms_thresh: float,
     topk_per_image: int,
     min_box_size: float = 0.0,
+    legacy_plus_one: bool = False,
 ) -> Tuple[Instances, Tensor]:
     """One image of `fast_rcnn_inference`."""
     if scores.dim() != 2 or boxes.dim() != 2 or boxes.shape[0] != scores.shape[0]:
@@ -97,7 +102,7 @@ def fast_rcnn_inference_single_image(
 
     scores = scores[:, :-1]
     num_reg_classes = boxes.shape[1] // 4
-    boxes = _clip(boxes.reshape(-1, num_reg_classes, 4), image_shape)
+    boxes = _clip(boxes.reshape(-1, num_reg_classes, 4), image_shape, legacy_plus_one)
 
     keep_mask = scores > score_thresh  # [R, K]
     pairs = keep_mask.nonzero()  # (roi, class) pairs, [P, 2]
@@ -122,12 +127,10 @@ def fast_rcnn_inference_single_image(
     return result, roi_index[pairs[:, 0]]
 
 
-def _clip(boxes: Tensor, image_shape: Tuple[int, int]) -> Tensor:
+def _clip(boxes: Tensor, image_shape: Tuple[int, int], legacy_plus_one: bool = False) -> Tensor:
     # Out of place (Boxes.clip works in place): the boxes may be the caller's, or views in the graph.
-    h, w = image_shape
-    x = boxes[..., 0::2].clamp(min=0, max=w)
-    y = boxes[..., 1::2].clamp(min=0, max=h)
-    return torch.stack([x[..., 0], y[..., 0], x[..., 1], y[..., 1]], dim=-1)
+    limits = clip_limits(image_shape, legacy_plus_one)
+    return torch.stack([boxes[..., i].clamp(min=lo, max=hi) for i, (lo, hi) in enumerate(limits)], dim=-1)
 
 
 @ROI_BOX_PREDICTOR_REGISTRY.register()
@@ -139,8 +142,8 @@ class FastRCNNOutputLayers(nn.Module):
         input_shape: the box head's output (channels, or channels x height x width).
         box2box_transform: decodes/encodes the deltas.
         num_classes: K, the number of foreground classes.
-        test_score_thresh, test_nms_thresh, test_topk_per_image, test_min_box_size: inference
-            settings (see `fast_rcnn_inference`).
+        test_score_thresh, test_nms_thresh, test_topk_per_image, test_min_box_size,
+            legacy_plus_one: inference settings (see `fast_rcnn_inference`).
         cls_agnostic_bbox_reg: one box per ROI instead of one per class.
         smooth_l1_beta: beta of the smooth-L1 box loss (0: L1).
         box_reg_loss_type: "smooth_l1" or "l1" (on the deltas), or "giou" (on the decoded boxes).
@@ -157,6 +160,7 @@ class FastRCNNOutputLayers(nn.Module):
         test_nms_thresh: float = 0.5,
         test_topk_per_image: int = 100,
         test_min_box_size: float = 0.0,
+        legacy_plus_one: bool = False,
         cls_agnostic_bbox_reg: bool = False,
         smooth_l1_beta: float = 0.0,
         box_reg_loss_type: str = "smooth_l1",
@@ -188,6 +192,7 @@ class FastRCNNOutputLayers(nn.Module):
         self.test_nms_thresh = float(test_nms_thresh)
         self.test_topk_per_image = int(test_topk_per_image)
         self.test_min_box_size = float(test_min_box_size)
+        self.legacy_plus_one = bool(legacy_plus_one)
         self.smooth_l1_beta = float(smooth_l1_beta)
         self.box_reg_loss_type = box_reg_loss_type
         if not isinstance(loss_weight, dict):
@@ -205,6 +210,7 @@ class FastRCNNOutputLayers(nn.Module):
             "test_nms_thresh": cfg.MODEL.ROI_HEADS.NMS_THRESH_TEST,
             "test_topk_per_image": cfg.TEST.DETECTIONS_PER_IMAGE,
             "test_min_box_size": cfg.MODEL.ROI_HEADS.MIN_BOX_SIZE_TEST,
+            "legacy_plus_one": cfg.MODEL.BOX_LEGACY_PLUS_ONE,
             "cls_agnostic_bbox_reg": box.CLS_AGNOSTIC_BBOX_REG,
             "smooth_l1_beta": box.SMOOTH_L1_BETA,
             "box_reg_loss_type": box.BBOX_REG_LOSS_TYPE,
@@ -259,14 +265,9 @@ class FastRCNNOutputLayers(nn.Module):
             fg_deltas = pred_deltas[fg]
         else:
             fg_deltas = pred_deltas.view(-1, self.num_classes, 4)[fg, gt_classes[fg]]
-        # In float32 (at least): under AMP the deltas are half precision, the targets need not be.
-        fg_deltas = fg_deltas.to(torch.promote_types(fg_deltas.dtype, torch.float32))
-        if self.box_reg_loss_type == "giou":
-            pred_boxes = self.box2box_transform.apply_deltas(fg_deltas, proposal_boxes[fg].to(fg_deltas.dtype))
-            loss = giou_loss(pred_boxes, gt_boxes[fg].to(fg_deltas.dtype))
-        else:
-            target = self.box2box_transform.get_deltas(proposal_boxes[fg], gt_boxes[fg])
-            loss = box_regression_loss(fg_deltas, target.to(fg_deltas.dtype), self.box_reg_loss_type, self.smooth_l1_beta)
+        loss = box_loss(
+            self.box2box_transform, proposal_boxes[fg], fg_deltas, gt_boxes[fg], self.box_reg_loss_type, self.smooth_l1_beta
+        )
         # sum() * 0 of the deltas keeps the graph (and DDP) intact when there is no foreground.
         return loss / max(gt_classes.numel(), 1) + pred_deltas.sum() * 0.0
 
@@ -303,6 +304,7 @@ class FastRCNNOutputLayers(nn.Module):
             self.test_nms_thresh,
             self.test_topk_per_image,
             self.test_min_box_size,
+            self.legacy_plus_one,
         )
 
 

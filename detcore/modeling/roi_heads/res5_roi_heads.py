@@ -85,6 +85,12 @@ class Res5ROIHeads(ROIHeads):
                 f"model), got {in_features}; the backbone has {sorted(input_shape)}"
             )
         feature = input_shape[in_features[0]]
+        if cfg.MODEL.KEYPOINT_ON:
+            # As in detectron2: the keypoint head pools its own 14 x 14 maps from FPN levels.
+            raise ValueError(
+                "Res5ROIHeads: MODEL.KEYPOINT_ON has no C4 keypoint branch; use StandardROIHeads on an "
+                "FPN backbone (MODEL.ROI_HEADS.NAME: StandardROIHeads)"
+            )
         box, mask, r = cfg.MODEL.ROI_BOX_HEAD, cfg.MODEL.ROI_MASK_HEAD, cfg.MODEL.RESNETS
         if r.RES5_DILATION != 1:
             raise ValueError(
@@ -128,6 +134,7 @@ class Res5ROIHeads(ROIHeads):
                 scales=(1.0 / feature.stride,),
                 sampling_ratio=box.POOLER_SAMPLING_RATIO,
                 aligned=box.POOLER_ALIGNED,
+                legacy_plus_one=cfg.MODEL.BOX_LEGACY_PLUS_ONE,
             ),
             "res5": res5,
             "box_predictor": build_box_predictor(cfg, ShapeSpec(channels=out_channels)),

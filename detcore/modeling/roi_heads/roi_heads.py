@@ -1,9 +1,10 @@
 """ROI heads: the second stage of a two-stage detector.
 
 Training: proposals (plus the GT boxes themselves) are matched to the ground truth, a balanced
-batch of them is sampled, and the box branch (pooler → box head → predictor) and the mask branch
-(on the foreground ROIs only) compute their losses. Inference: the box branch turns proposals
-into detections (per-class NMS), and the mask branch predicts a mask for each detection.
+batch of them is sampled, and the box branch (pooler → box head → predictor), the mask branch
+and the keypoint branch (both on the foreground ROIs only) compute their losses. Inference: the
+box branch turns proposals into detections (per-class NMS), and the mask and keypoint branches
+predict a mask and keypoint heatmaps for each detection.
 """
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -20,6 +21,7 @@ from ..poolers import ROIPooler
 from ..sampling import subsample_labels
 from .box_head import build_box_head
 from .fast_rcnn import build_box_predictor
+from .keypoint_head import build_keypoint_head
 from .mask_head import build_mask_head
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "build_roi_heads",
     "add_ground_truth_to_proposals",
     "select_foreground_proposals",
+    "select_proposals_with_visible_keypoints",
 ]
 
 # ROI heads: `from_config(cfg, input_shape)` returns the constructor arguments (the one rule of
@@ -68,9 +71,26 @@ def select_foreground_proposals(proposals: List[Instances], bg_label: int) -> Li
     return fg
 
 
-def _pooler_from_config(head_cfg, scales, roi_heads_cfg) -> ROIPooler:
-    """The pooler of one head (MODEL.ROI_BOX_HEAD or MODEL.ROI_MASK_HEAD): its resolution,
-    sampling and alignment, with the level mapping shared by all heads (MODEL.ROI_HEADS)."""
+def select_proposals_with_visible_keypoints(proposals: List[Instances]) -> List[Instances]:
+    """Per image, the proposals whose box holds at least one labeled point of their matched GT's
+    `gt_keypoints`: the others add nothing to the keypoint loss, only its cost."""
+    selected = []
+    for props in proposals:
+        if len(props) == 0:
+            selected.append(props)
+            continue
+        kp = props.gt_keypoints.tensor
+        boxes = props.proposal_boxes.tensor.to(kp)[:, None]  # [R, 1, 4]
+        xs, ys = kp[..., 0], kp[..., 1]
+        inside = (xs >= boxes[..., 0]) & (xs <= boxes[..., 2]) & (ys >= boxes[..., 1]) & (ys <= boxes[..., 3])
+        selected.append(props[(inside & (kp[..., 2] > 0)).any(dim=1).to(props.proposal_boxes.device)])
+    return selected
+
+
+def _pooler_from_config(head_cfg, scales, roi_heads_cfg, legacy_plus_one: bool = False) -> ROIPooler:
+    """The pooler of one head (MODEL.ROI_BOX_HEAD, ROI_MASK_HEAD or ROI_KEYPOINT_HEAD): its
+    resolution, sampling and alignment, with the level mapping shared by all heads
+    (MODEL.ROI_HEADS) and the box convention of the model (MODEL.BOX_LEGACY_PLUS_ONE)."""
     return ROIPooler(
         output_size=head_cfg.POOLER_RESOLUTION,
         scales=scales,
@@ -79,6 +99,7 @@ def _pooler_from_config(head_cfg, scales, roi_heads_cfg) -> ROIPooler:
         canonical_box_size=roi_heads_cfg.CANONICAL_BOX_SIZE,
         canonical_level=roi_heads_cfg.CANONICAL_LEVEL,
         level_mapper=roi_heads_cfg.LEVEL_MAPPER,
+        legacy_plus_one=legacy_plus_one,
     )
 
 
@@ -176,7 +197,8 @@ class ROIHeads(nn.Module):
 
 @ROI_HEADS_REGISTRY.register()
 class StandardROIHeads(ROIHeads):
-    """Box branch plus optional mask branch, each with its own pooler, on shared FPN features.
+    """Box branch plus optional mask and keypoint branches, each with its own pooler, on shared
+    FPN features.
 
     Args:
         box_in_features: feature names the box pooler reads, finest first (e.g. p2..p5).
@@ -184,6 +206,8 @@ class StandardROIHeads(ROIHeads):
         num_classes, batch_size_per_image, positive_fraction, proposal_matcher,
             proposal_append_gt: the sampling of training ROIs (see ROIHeads).
         mask_in_features, mask_pooler, mask_head: the mask branch (all None to disable it).
+        keypoint_in_features, keypoint_pooler, keypoint_head: the keypoint branch (all None to
+            disable it).
     """
 
     def __init__(
@@ -201,6 +225,9 @@ class StandardROIHeads(ROIHeads):
         mask_in_features: Optional[Sequence[str]] = None,
         mask_pooler: Optional[ROIPooler] = None,
         mask_head: Optional[nn.Module] = None,
+        keypoint_in_features: Optional[Sequence[str]] = None,
+        keypoint_pooler: Optional[ROIPooler] = None,
+        keypoint_head: Optional[nn.Module] = None,
     ):
         super().__init__(
             num_classes=num_classes,
@@ -209,9 +236,14 @@ class StandardROIHeads(ROIHeads):
             proposal_matcher=proposal_matcher,
             proposal_append_gt=proposal_append_gt,
         )
-        parts = (mask_in_features, mask_pooler, mask_head)
-        if any(p is None for p in parts) and not all(p is None for p in parts):
-            raise ValueError("StandardROIHeads: give all of mask_in_features, mask_pooler and mask_head, or none")
+        for branch, parts in (
+            ("mask", (mask_in_features, mask_pooler, mask_head)),
+            ("keypoint", (keypoint_in_features, keypoint_pooler, keypoint_head)),
+        ):
+            if any(p is None for p in parts) and not all(p is None for p in parts):
+                raise ValueError(
+                    f"StandardROIHeads: give all of {branch}_in_features, {branch}_pooler and {branch}_head, or none"
+                )
         self.box_in_features = list(box_in_features)
         self.box_pooler = box_pooler
         self.box_head = box_head
@@ -221,6 +253,11 @@ class StandardROIHeads(ROIHeads):
             self.mask_in_features = list(mask_in_features)
             self.mask_pooler = mask_pooler
             self.mask_head = mask_head
+        self.keypoint_on = keypoint_head is not None
+        if self.keypoint_on:
+            self.keypoint_in_features = list(keypoint_in_features)
+            self.keypoint_pooler = keypoint_pooler
+            self.keypoint_head = keypoint_head
 
     @classmethod
     def from_config(cls, cfg, input_shape: Dict[str, ShapeSpec]):
@@ -240,7 +277,7 @@ class StandardROIHeads(ROIHeads):
 
         box = cfg.MODEL.ROI_BOX_HEAD
         res = box.POOLER_RESOLUTION
-        box_pooler = _pooler_from_config(box, scales, roi)
+        box_pooler = _pooler_from_config(box, scales, roi, cfg.MODEL.BOX_LEGACY_PLUS_ONE)
         box_head = build_box_head(cfg, ShapeSpec(channels=in_channels, height=res, width=res))
         kwargs = super().from_config(cfg, input_shape)
         kwargs.update({
@@ -253,8 +290,14 @@ class StandardROIHeads(ROIHeads):
             mask = cfg.MODEL.ROI_MASK_HEAD
             res = mask.POOLER_RESOLUTION
             kwargs["mask_in_features"] = in_features
-            kwargs["mask_pooler"] = _pooler_from_config(mask, scales, roi)
+            kwargs["mask_pooler"] = _pooler_from_config(mask, scales, roi, cfg.MODEL.BOX_LEGACY_PLUS_ONE)
             kwargs["mask_head"] = build_mask_head(cfg, ShapeSpec(channels=in_channels, height=res, width=res))
+        if cfg.MODEL.KEYPOINT_ON:
+            keypoint = cfg.MODEL.ROI_KEYPOINT_HEAD
+            res = keypoint.POOLER_RESOLUTION
+            kwargs["keypoint_in_features"] = in_features
+            kwargs["keypoint_pooler"] = _pooler_from_config(keypoint, scales, roi, cfg.MODEL.BOX_LEGACY_PLUS_ONE)
+            kwargs["keypoint_head"] = build_keypoint_head(cfg, ShapeSpec(channels=in_channels, height=res, width=res))
         return kwargs
 
     # --- forward ----------------------------------------------------------------------------------
@@ -270,28 +313,31 @@ class StandardROIHeads(ROIHeads):
             images: the batch (only its length and sizes matter here).
             features: feature maps by name, including `box_in_features`.
             proposals: per image, `proposal_boxes` (and usually `objectness_logits`).
-            targets: per image GT (`gt_boxes`, `gt_classes`, `gt_masks` with a mask head);
-                required in training.
+            targets: per image GT (`gt_boxes`, `gt_classes`, `gt_masks` with a mask head,
+                `gt_keypoints` with a keypoint head); required in training.
 
         Returns:
-            training: (the sampled proposals, losses: loss_cls, loss_box_reg[, loss_mask]).
+            training: (the sampled proposals, losses: loss_cls, loss_box_reg[, loss_mask]
+            [, loss_keypoint]).
             eval: (detections per image: pred_boxes, scores, pred_classes[, pred_masks
-            [N, 1, M, M] probabilities], {}).
+            [N, 1, M, M] probabilities][, pred_keypoint_heatmaps [N, K, S, S] logits], {}).
         """
         self._check_inputs(images, features, self.box_in_features, proposals, targets)
         if self.training:
             proposals = self.label_and_sample_proposals(proposals, targets)
             losses = self._forward_box(features, proposals)
             losses.update(self._forward_mask(features, proposals))
+            losses.update(self._forward_keypoint(features, proposals))
             return proposals, losses
         detections = self._forward_box(features, proposals)
         return self.forward_with_given_boxes(features, detections), {}
 
     def forward_with_given_boxes(self, features: Dict[str, Tensor], instances: List[Instances]) -> List[Instances]:
-        """Eval only: add the mask branch's `pred_masks` to detections that have boxes and classes."""
+        """Eval only: add the mask branch's `pred_masks` and the keypoint branch's
+        `pred_keypoint_heatmaps` to detections that have boxes and classes."""
         if self.training:
             raise RuntimeError("StandardROIHeads.forward_with_given_boxes is for eval mode only")
-        return self._forward_mask(features, instances)
+        return self._forward_keypoint(features, self._forward_mask(features, instances))
 
     def _forward_box(self, features: Dict[str, Tensor], proposals: List[Instances]):
         x = [features[f] for f in self.box_in_features]
@@ -313,6 +359,24 @@ class StandardROIHeads(ROIHeads):
             boxes = [x.pred_boxes for x in instances]
         x = [features[f] for f in self.mask_in_features]
         return self.mask_head(self.mask_pooler(x, boxes), instances)
+
+    def _forward_keypoint(self, features: Dict[str, Tensor], instances: List[Instances]):
+        if not self.keypoint_on:
+            return {} if self.training else instances
+        if self.training:
+            instances = select_foreground_proposals(instances, self.num_classes)
+            if any(len(x) > 0 and not x.has("gt_keypoints") for x in instances):
+                raise ValueError(
+                    "StandardROIHeads: MODEL.KEYPOINT_ON needs gt_keypoints in the training targets; the "
+                    "dataset must have keypoint annotations"
+                )
+            # Foreground ROIs that hold a labeled keypoint: the others contribute no loss.
+            instances = select_proposals_with_visible_keypoints(instances)
+            boxes = [x.proposal_boxes for x in instances]
+        else:
+            boxes = [x.pred_boxes for x in instances]
+        x = [features[f] for f in self.keypoint_in_features]
+        return self.keypoint_head(self.keypoint_pooler(x, boxes), instances)
 
 
 def build_roi_heads(cfg, input_shape: Dict[str, ShapeSpec]) -> nn.Module:

@@ -99,3 +99,47 @@ def test_apply_augmentations_chains_on_the_resized_image():
     assert out.shape == (10, 20, 3)
     assert [type(x) for x in t.transforms] == [ResizeTransform, HFlipTransform]
     assert t.transforms[1].width == 20  # the flip saw the resized image
+
+
+# --- INPUT.RESIZE_MODE: the sizes and pixels other libraries give -----------------------------------
+@pytest.mark.parametrize(
+    "size, expected",
+    [
+        # (opencv, torchvision, maskrcnn_benchmark), short side 800, long side at most 1333.
+        ((375, 500), ((800, 1067), (800, 1066), (800, 1066))),  # 1066.67: rounded / truncated
+        ((641, 427), ((1201, 800), (1200, 800), (1200, 800))),  # 1200.94
+        ((300, 1000), ((400, 1333), (399, 1333), (400, 1333))),  # capped: short side 399.9
+        ((500, 1500), ((444, 1333), (444, 1333), (444, 1332))),  # maskrcnn-benchmark: int(444 * 3)
+        ((800, 800), ((800, 800), (800, 800), (800, 800))),
+    ],
+)
+def test_resize_size_rules(size, expected):
+    h, w = size
+    for mode, shape in zip(("opencv", "torchvision", "maskrcnn_benchmark"), expected):
+        assert ResizeShortestEdge.get_output_shape(h, w, 800, 1333, mode) == shape, mode
+        t = ResizeShortestEdge(800, 1333, mode=mode).get_transform(np.zeros((h, w, 3), np.uint8))
+        assert (t.new_h, t.new_w) == shape and t.mode == mode
+
+
+def test_maskrcnn_benchmark_resize_is_pil_bilinear():
+    from PIL import Image
+    import torch
+
+    rng = np.random.default_rng(1)
+    image = rng.integers(0, 256, (75, 100, 3), dtype=np.uint8)
+    for new_size in ((160, 213), (40, 53)):  # up, and down (PIL antialiases when shrinking)
+        t = ResizeTransform(75, 100, *new_size, mode="maskrcnn_benchmark")
+        expected = np.asarray(Image.fromarray(image).resize(new_size[::-1], Image.BILINEAR))
+        got = t.apply_image(image)
+        assert got.dtype == np.uint8 and np.array_equal(got, expected)
+        assert not np.array_equal(got, ResizeTransform(75, 100, *new_size).apply_image(image))  # cv2 differs
+        # Its BinaryMaskList: bilinear interpolation of the 0/1 mask, truncated back to the mask's dtype.
+        mask = (rng.random((75, 100)) > 0.3).astype(np.uint8)
+        reference = torch.nn.functional.interpolate(
+            torch.from_numpy(mask)[None, None].float(), size=new_size, mode="bilinear", align_corners=False
+        )[0, 0].to(torch.uint8)
+        assert np.array_equal(t.apply_segmentation(mask), reference.numpy())
+    with pytest.raises(ValueError, match="'maskrcnn_benchmark' resizes uint8"):
+        ResizeTransform(75, 100, 150, 200, mode="maskrcnn_benchmark").apply_image(image.astype(np.float32))
+    with pytest.raises(ValueError, match="mode must be one of"):
+        ResizeShortestEdge(800, 1333, mode="pil")

@@ -188,6 +188,10 @@ def test_top_block_from_config():
     model = build_backbone(cfg)
     assert list(model.output_shape()) == ["p2", "p3", "p4", "p5", "p6", "p7"]
     assert model.top_block.in_feature == "res5" and model.top_block.p6.in_channels == 512
+    cfg.MODEL.FPN.TOP_BLOCK = "p6p7_from_p5"
+    model = build_backbone(cfg)
+    assert list(model.output_shape()) == ["p2", "p3", "p4", "p5", "p6", "p7"]
+    assert model.top_block.in_feature == "p5" and model.top_block.p6.in_channels == 16
     cfg.MODEL.FPN.TOP_BLOCK = "pool"
     with pytest.raises(ValueError, match="MODEL.FPN.TOP_BLOCK must be"):
         build_backbone(cfg)

@@ -182,6 +182,7 @@ def test_faster_rcnn_c4_has_no_mask_branch():
         ({"MODEL.RESNETS.RES5_DILATION": 2, "MODEL.RESNETS.DEPTH": 50, "MODEL.RESNETS.RES2_OUT_CHANNELS": 256},
          "RES5_DILATION must be 1"),
         ({"MODEL.RESNETS.NUM_GROUPS": 32}, "num_groups must be 1"),
+        ({"MODEL.KEYPOINT_ON": True}, "MODEL.KEYPOINT_ON has no C4 keypoint branch"),
     ],
 )
 def test_bad_settings_are_named(overrides, message):
