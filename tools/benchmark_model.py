@@ -36,6 +36,12 @@ trainable_layers=3)`` + ``MaskRCNN`` -- exactly what the builder does for a pret
     python tools/benchmark_model.py --quick MODEL.CHANNELS_LAST True   # detcore config overrides
     python tools/benchmark_model.py --train-repeats 0                  # inference only
     python tools/benchmark_model.py --model retinanet                  # RetinaNet vs retinanet_resnet50_fpn
+    python tools/benchmark_model.py --precision bfloat16   # + detcore in bfloat16 (inference and AMP step)
+
+With ``--precision bfloat16`` a third model joins the same run: detcore's, with the same random
+weights, inferring in TEST.PRECISION bfloat16 and training with bfloat16 AMP (SOLVER.AMP); its
+time over detcore's float32 time is printed as bf16/fp32. That pays only on CPUs with native
+bfloat16 (`python -m detcore.utils.collect_env` says which; the table's header repeats it).
 
 Results are printed as a table (ratio = torchvision time / detcore time: above 1, detcore is
 faster) and saved to benchmark_results/model_<device>.json (model_retinanet_<device>.json).
@@ -57,7 +63,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from detcore.utils.collect_env import cpu_name  # noqa: E402
 from detcore.utils import strict_json  # noqa: E402
-from model_benchmark_workloads import CONFIGS, NUM_GT, STAGES, worker  # noqa: E402
+from detcore.config.choices import INFERENCE_PRECISIONS  # noqa: E402
+from detcore.utils.precision import cpu_bfloat16_summary  # noqa: E402
+from model_benchmark_workloads import CONFIGS, NUM_GT, RUNNERS, STAGES, worker  # noqa: E402
 
 
 # --- driver -------------------------------------------------------------------------------------------
@@ -74,6 +82,7 @@ def start_worker(args, frameworks, phase):
         "--height", str(args.height), "--width", str(args.width), "--repeats", str(args.repeats),
         "--train-repeats", str(args.train_repeats), "--warmup", str(args.warmup),
         "--detections", str(args.detections), "--proposals", str(args.proposals), "--roi-batch", str(args.roi_batch),
+        "--precision", args.precision,
         *(["--torchvision-channels-last"] if args.torchvision_channels_last else []),
         *args.opts,  # last: a KEY VALUE list takes the rest of the command line
     ]
@@ -95,8 +104,23 @@ def ratio(tv, dc):
     return tv / dc if dc > 0 else float("nan")
 
 
+LABELS = {"detcore": "detcore", "detcore_bfloat16": "detcore bf16", "torchvision": "torchvision"}
+
+
+def ratio_columns(results):
+    """(header, numerator, denominator) of the time ratios to print, for the frameworks measured."""
+    columns = []
+    if "torchvision" in results:
+        columns.append(("tv/detcore", "torchvision", "detcore"))
+    if "detcore_bfloat16" in results:
+        columns.append(("bf16/fp32", "detcore_bfloat16", "detcore"))
+        if "torchvision" in results:
+            columns.append(("tv/bf16", "torchvision", "detcore_bfloat16"))
+    return columns
+
+
 def print_table(results, args):
-    dc, tv = results["detcore"], results.get("torchvision")
+    names = [name for name in RUNNERS if name in results]
     unit = "MiB (CUDA max allocated)" if args.device == "cuda" else "MiB (peak RSS)"
     rows = [("inference " + s, f"infer.{s}_ms", "ms") for s in STAGES[args.model]]
     rows += [
@@ -109,7 +133,7 @@ def print_table(results, args):
         ("peak memory, train step", "train.peak_memory_mb", unit),
         ("  growth over built model", "train.memory_growth_mb", unit),
     ]
-    rows = [row for row in rows if row[1].split(".")[0] in dc]  # a phase with 0 repeats was not run
+    rows = [row for row in rows if row[1].split(".")[0] in results["detcore"]]  # a phase with 0 repeats was not run
 
     def get(res, key):
         phase, field = key.split(".")
@@ -126,16 +150,24 @@ def print_table(results, args):
         print(f"detcore overrides: {' '.join(args.opts)}")
     if args.torchvision_channels_last:
         print("torchvision: channels-last weights (--torchvision-channels-last)")
-    print("tv/detcore = torchvision / detcore: above 1, detcore is faster or smaller")
-    print(f"{'':32} {'detcore':>12} {'torchvision':>12} {'tv/detcore':>11}  unit")
+    if "detcore_bfloat16" in results and args.device == "cpu":
+        print(f"detcore bf16: TEST.PRECISION bfloat16 (inference), bfloat16 AMP (train step); CPU bfloat16 "
+              f"{cpu_bfloat16_summary()}")
+    columns = ratio_columns(results)
+    print("; ".join({"tv/detcore": "tv/detcore = torchvision / detcore: above 1, detcore is faster or smaller",
+                     "bf16/fp32": "bf16/fp32 = detcore bf16 / detcore: below 1, bfloat16 is faster",
+                     "tv/bf16": "tv/bf16 = torchvision / detcore bf16"}[c[0]] for c in columns))
+    print(f"{'':32}" + "".join(f" {LABELS[n]:>12}" for n in names) + "".join(f" {c[0]:>10}" for c in columns) + "  unit")
     for label, key, u in rows:
-        d = get(dc, key)
-        if tv is None:
-            print(f"{label:32} {d:12.1f} {'-':>12} {'-':>11}  {u}")
+        values = {n: get(results[n], key) for n in names}
+        line = f"{label:32}" + "".join(f" {values[n]:12.1f}" for n in names)
+        if u == "ms":  # ratios of times; memory ratios are read off the columns
+            line += "".join(f" {ratio(values[num], values[den]):10.2f}" for _, num, den in columns)
         else:
-            t = get(tv, key)
-            print(f"{label:32} {d:12.1f} {t:12.1f} {ratio(t, d):11.2f}  {u}")
-    for name, res in results.items():
+            line += "".join(f" {'':>10}" for _ in columns)
+        print(f"{line}  {u}")
+    for name in names:
+        res = results[name]
         facts = []
         if "infer" in res:
             i = res["infer"]
@@ -147,7 +179,7 @@ def print_table(results, args):
                          f"{i['gflop'] / i['total_ms'] * 1000:.0f} GFLOP/s over the whole inference")
         if "train" in res:
             facts.append(f"{res['train']['trainable_params']:,} trainable parameters")
-        print(f"{name}: {'; '.join(facts)}")
+        print(f"{LABELS[name]}: {'; '.join(facts)}")
     if args.model == "retinanet":
         work = (f"the top 1000 (anchor, class) pairs of each level decoded and {args.detections} detections per "
                 "image on both; train step = forward + backward + SGD (lr 0) on 2 images with "
@@ -174,6 +206,10 @@ def main():
     parser.add_argument("--detections", type=int, default=100, help="detections per image, both models")
     parser.add_argument("--proposals", type=int, default=1000, help="RPN proposals per image at test time")
     parser.add_argument("--roi-batch", type=int, default=512, help="ROIs sampled per training image, both models")
+    parser.add_argument(
+        "--precision", default="float32", choices=INFERENCE_PRECISIONS,
+        help="bfloat16: also time detcore in bfloat16 (TEST.PRECISION for inference, AMP for the train step)",
+    )
     parser.add_argument(
         "--quick", action="store_true",
         help="smoke run (checks the tool, its ratios mean little): 128x192 image, 100 proposals, "
@@ -222,6 +258,8 @@ def main():
     except ImportError:
         print("torchvision is not importable: timing detcore alone")
         frameworks = ("detcore",)
+    if args.precision == "bfloat16":
+        frameworks = ("detcore", "detcore_bfloat16") + frameworks[1:]
 
     load_before = os.getloadavg()
     print(f"timing {' and '.join(frameworks)}, alternating run by run ...", flush=True)
@@ -246,6 +284,8 @@ def main():
         "model": args.model,
         "device": args.device,
         "device_name": torch.cuda.get_device_name() if args.device == "cuda" else cpu_name(),
+        "cpu_bfloat16": cpu_bfloat16_summary(),
+        "precision": args.precision,
         "stages": "each stage called in turn (the calls the models' forward makes), synchronized and timed apart",
         "threads": args.threads,
         "image": [args.height, args.width],
@@ -271,9 +311,8 @@ def main():
         "results": results,
     }
     stem = "model" if args.model == "mask_rcnn" else f"model_{args.model}"
-    path = args.output or os.path.join(ROOT, "benchmark_results", f"{stem}_{args.device}.json")
-    if args.quick and args.output is None:
-        path = os.path.join(ROOT, "benchmark_results", f"{stem}_{args.device}_quick.json")
+    suffix = ("_bfloat16" if args.precision == "bfloat16" else "") + ("_quick" if args.quick else "")
+    path = args.output or os.path.join(ROOT, "benchmark_results", f"{stem}_{args.device}{suffix}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(strict_json.dumps(record, indent=2))

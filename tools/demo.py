@@ -30,6 +30,11 @@ def parse_args():
     )
     parser.add_argument("--max-images", type=int, default=0, help="only the first N images (0: all)")
     parser.add_argument(
+        "--picture-min-size", type=int, default=480, metavar="PIXELS",
+        help="draw images whose short side is smaller enlarged by a whole factor to at least this, so that "
+        "labels do not cover small objects (default 480; 0: every image at its own size)",
+    )
+    parser.add_argument(
         "--allow-random-weights", action="store_true",
         help="draw the predictions of an untrained model when MODEL.WEIGHTS is empty (otherwise refused)",
     )
@@ -43,6 +48,8 @@ def parse_args():
             break
     if not args.input:
         parser.error("--input needs at least one image file, folder or glob pattern")
+    if args.picture_min_size < 0:
+        parser.error(f"--picture-min-size must be >= 0 (0: no enlarging), got {args.picture_min_size}")
     return args
 
 
@@ -68,7 +75,7 @@ def main():
     meta = MetadataCatalog.get(cfg.DATASETS.TEST[0]) if cfg.DATASETS.TEST else None
     get = (lambda key: meta.get(key)) if meta is not None else (lambda key: None)
     written = visualize_images(
-        Predictor(cfg), paths, args.output, get("thing_classes"), args.confidence_threshold,
+        Predictor(cfg), paths, args.output, get("thing_classes"), args.confidence_threshold, args.picture_min_size,
         keypoint_names=get("keypoint_names"), keypoint_skeleton=get("keypoint_skeleton"),
         keypoint_threshold=args.keypoint_threshold,
     )

@@ -81,13 +81,19 @@ def num_classes(cfg):
 
 
 class DetcoreRunner:
+    """detcore's model in TEST.PRECISION float32."""
+
     name = "detcore"
+    precision = "float32"
 
     def __init__(self, args, train):
         from detcore.modeling import build_model
+        from detcore.utils.precision import inference_autocast
 
+        self.autocast = lambda: inference_autocast(self.precision, self.device)
         self.cfg = detcore_cfg(args)
         self.device = torch.device(args.device)
+        torch.manual_seed(0)  # both precisions get the same random weights
         self.model = build_model(self.cfg)
         self.model.train(train)
         self.num_classes = num_classes(self.cfg)
@@ -118,7 +124,19 @@ class DetcoreRunner:
         def postprocess():
             state["output"] = m.postprocess(state["results"], inputs)
 
-        return state, dict(zip(STAGES["mask_rcnn"], (preprocess, backbone, rpn, roi_heads, postprocess)))
+        return state, self._in_precision(dict(zip(STAGES["mask_rcnn"], (preprocess, backbone, rpn, roi_heads, postprocess))))
+
+    def _in_precision(self, stages):
+        """Each stage run under the runner's precision, as Predictor and inference_on_dataset run the model."""
+
+        def wrap(stage):
+            def run():
+                with self.autocast():
+                    stage()
+
+            return run
+
+        return {name: wrap(stage) for name, stage in stages.items()}
 
     def _retinanet_stages(self, inputs):
         m = self.model
@@ -139,7 +157,7 @@ class DetcoreRunner:
         def postprocess():
             state["output"] = m.postprocess(state["results"], inputs)
 
-        return state, dict(zip(STAGES["retinanet"], (preprocess, backbone, head, detect, postprocess)))
+        return state, self._in_precision(dict(zip(STAGES["retinanet"], (preprocess, backbone, head, detect, postprocess))))
 
     def counts(self, state):
         """(proposals or anchors, detections) of the first image."""
@@ -162,7 +180,17 @@ class DetcoreRunner:
         return inputs
 
     def train_forward(self, inputs):
-        return sum(self.model(inputs).values())
+        # The forward under autocast as SimpleTrainer does with SOLVER.AMP (bfloat16: no grad scaler).
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bfloat16"):
+            return sum(self.model(inputs).values())
+
+
+class DetcoreBfloat16Runner(DetcoreRunner):
+    """The same model with TEST.PRECISION bfloat16 for inference and bfloat16 AMP
+    (SOLVER.AMP.ENABLED, DTYPE bfloat16) for the training step."""
+
+    name = "detcore_bfloat16"
+    precision = "bfloat16"
 
 
 class TorchvisionRunner:
@@ -312,7 +340,7 @@ class TorchvisionRunner:
         return sum(self.model(images, targets).values())
 
 
-RUNNERS = {"detcore": DetcoreRunner, "torchvision": TorchvisionRunner}
+RUNNERS = {"detcore": DetcoreRunner, "detcore_bfloat16": DetcoreBfloat16Runner, "torchvision": TorchvisionRunner}
 
 
 # --- measuring (inside a worker subprocess) -------------------------------------------------------

@@ -484,6 +484,11 @@ _C.TEST.EVAL_PERIOD = 0
 # Images per inference batch (per process) in evaluation; >= 1. Images of a batch are padded to
 # the largest of them; detections do not depend on it beyond float rounding.
 _C.TEST.IMS_PER_BATCH = 1
+# Precision of inference (Predictor, evaluation, the demo, export): "float32", or "bfloat16"
+# (the network under torch.autocast; box decoding, scores, NMS and mask pasting stay float32).
+# bfloat16 pays on CPUs with native support (AMX or AVX512-BF16; `python -m
+# detcore.utils.collect_env` says) and on CUDA GPUs from Ampere on; elsewhere it is emulated and slow.
+_C.TEST.PRECISION = "float32"
 
 _C.TEST.AUG = CN()
 # Test-time augmentation in evaluation (tools/test_net.py and the trainer): every short side of

@@ -345,7 +345,7 @@ class DefaultTrainer(TrainerBase):
         for i, name in enumerate(names):
             loader = cls.build_test_loader(cfg, name)
             evaluator = evaluators[i] if evaluators is not None else cls.build_evaluator(cfg, name)
-            results[name] = inference_on_dataset(model, loader, evaluator)
+            results[name] = inference_on_dataset(model, loader, evaluator, precision=cfg.TEST.PRECISION)
             if comm.is_main_process():
                 logger.info("Evaluation results of %s:\n%s", name, format_results(results[name]))
         if len(results) == 1:

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 
 from detcore.structures import Instances
-from detcore.utils.visualizer import draw_instances
+from detcore.utils.visualizer import draw_instances, upscale_factor
 
 __all__ = ["IMAGE_EXTENSIONS", "collect_image_paths", "visualize_images"]
 
@@ -64,6 +64,7 @@ def visualize_images(
     output_dir: str,
     class_names: Optional[Sequence[str]] = None,
     score_threshold: float = 0.5,
+    min_size: int = 480,
     keypoint_names: Optional[Sequence[str]] = None,
     keypoint_skeleton: Optional[Sequence[Tuple[str, str]]] = None,
     keypoint_threshold: Optional[float] = None,
@@ -71,7 +72,10 @@ def visualize_images(
     """Run ``predictor`` (BGR uint8 image -> dict with "instances") on each image and write the
     image with its detections drawn (boxes, masks, keypoints on their skeleton, class names,
     scores) as a PNG into ``output_dir``. A ProposalNetwork's predictor gives "proposals" instead:
-    they are drawn as boxes scored by sigmoid(objectness). Returns the written paths."""
+    they are drawn as boxes scored by sigmoid(objectness). Images whose short side is under
+    ``min_size`` pixels are drawn enlarged by a whole factor to at least that (``upscale_factor``;
+    0: every image at its own size), so that labels do not hide small objects. Returns the
+    written paths."""
     os.makedirs(output_dir, exist_ok=True)
     used: set = set()
     written = []
@@ -89,14 +93,18 @@ def visualize_images(
                 pred_boxes=proposals.proposal_boxes,
                 scores=proposals.objectness_logits.sigmoid(),
             )
+        scale = upscale_factor(image.shape[0], image.shape[1], min_size)
         drawn = draw_instances(
-            image, instances, class_names=class_names, score_threshold=score_threshold,
+            image, instances, class_names=class_names, score_threshold=score_threshold, scale=scale,
             keypoint_names=keypoint_names, keypoint_skeleton=keypoint_skeleton, keypoint_threshold=keypoint_threshold,
         )
         out = os.path.join(output_dir, _output_name(path, used))
         if not cv2.imwrite(out, drawn):
             raise OSError(f"could not write {out!r}")
         kept = int((instances.scores >= score_threshold).sum()) if instances.has("scores") else len(instances)
-        logger.info("%s: %d detections (score >= %.2f) -> %s", path, kept, score_threshold, out)
+        logger.info(
+            "%s: %d detections (score >= %.2f) -> %s%s", path, kept, score_threshold, out,
+            f" (drawn {scale}x enlarged)" if scale > 1 else "",
+        )
         written.append(out)
     return written

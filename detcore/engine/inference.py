@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from detcore.evaluation import DatasetEvaluator, DatasetEvaluators
+from detcore.utils.precision import inference_autocast
 
 __all__ = ["inference_on_dataset", "inference_context", "format_results"]
 
@@ -40,9 +41,13 @@ def inference_on_dataset(
     data_loader: Iterable,
     evaluator: Union[DatasetEvaluator, Sequence[DatasetEvaluator]],
     log_period_s: float = 5.0,
+    precision: str = "float32",
 ) -> Dict:
     """Run ``model`` in eval mode on every batch of ``data_loader``, feed the evaluator and
     return ``evaluator.evaluate()`` ({} on ranks that get no results).
+
+    ``precision`` (TEST.PRECISION): "float32", or "bfloat16" to run the model under
+    ``torch.autocast`` (see ``detcore.utils.precision``).
 
     Progress (images done, seconds per image, ETA) is logged at most every ``log_period_s``
     seconds; the first few batches are left out of the speed figure (warm-up).
@@ -53,7 +58,10 @@ def inference_on_dataset(
         total = len(data_loader)
     except TypeError:
         total = None
-    logger.info("Running inference on %s batches", total if total is not None else "an unknown number of")
+    autocast = inference_autocast(precision, _device_of(model))
+    logger.info(
+        "Running inference on %s batches in %s", total if total is not None else "an unknown number of", precision
+    )
     evaluator.reset()
     num_warmup = min(5, total - 1) if total else 0
     start = time.perf_counter()
@@ -63,7 +71,8 @@ def inference_on_dataset(
         for idx, inputs in enumerate(data_loader):
             if idx == num_warmup:
                 timed_start, timed_images = time.perf_counter(), 0
-            outputs = model(inputs)
+            with autocast:  # the model only: the evaluator sees its float32 outputs
+                outputs = model(inputs)
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.synchronize()  # honest timings: wait for the GPU
             evaluator.process(inputs, outputs)
@@ -84,6 +93,13 @@ def inference_on_dataset(
     )
     results = evaluator.evaluate()
     return results if results is not None else {}
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    tensor = next(model.parameters(), None)
+    if tensor is None:
+        tensor = next(model.buffers(), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
 
 
 def format_results(results: Dict) -> str:

@@ -20,6 +20,7 @@ from detcore.data.transforms import ResizeShortestEdge
 from detcore.modeling import GeneralizedRCNNWithTTA, build_model
 from detcore.utils.registry import build_from_config
 from detcore.config.choices import IMAGE_FORMATS
+from detcore.utils.precision import check_precision, inference_autocast
 
 from .checkpoint import LoadReport, load_model_weights
 
@@ -30,7 +31,7 @@ _FORMATS = IMAGE_FORMATS
 
 class Predictor:
     """Builds the model of `cfg` in eval mode on MODEL.DEVICE, loads MODEL.WEIGHTS (when set) and
-    runs it on single images.
+    runs it on single images, in TEST.PRECISION ("bfloat16": under ``torch.autocast``).
 
     `__call__(image)` takes a ``[H, W, 3]`` uint8 numpy array in BGR order (or a list of them, run
     as one batch) and returns a dict of numpy arrays (a list of dicts) describing the detections
@@ -54,6 +55,8 @@ class Predictor:
         self.input_format = self.cfg.INPUT.FORMAT
         if self.input_format not in _FORMATS:
             raise ValueError(f"Predictor: INPUT.FORMAT must be one of {_FORMATS}, got {self.input_format!r}")
+        self.precision = self.cfg.TEST.PRECISION
+        check_precision(self.precision)
         self.model = build_model(self.cfg)
         self.model.eval()
         self.load_report = None
@@ -116,7 +119,7 @@ class Predictor:
             inputs.append({"image": tensor, "height": image.shape[0], "width": image.shape[1]})
         if not inputs:
             return []
-        with torch.no_grad():
+        with torch.no_grad(), inference_autocast(self.precision, self.model.device):
             outputs = self.runner(inputs)
         return [
             self._proposal_arrays(out["proposals"].to("cpu")) if "proposals" in out

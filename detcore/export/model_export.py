@@ -6,6 +6,11 @@ boxes / scores / classes (and M×M mask probabilities, S×S keypoint heatmaps) o
 ProposalNetwork, proposal boxes and their objectness logits. TorchScript and ONNX are converted
 from the same ExportedProgram: TorchScript prints its graph (torchscript.py), ONNX translates it,
 with detcore's ops as NonMaxSuppression / RoiAlign (onnx_ops.py).
+
+TEST.PRECISION bfloat16 exports the graph autocast makes: bfloat16 convolutions and matrix
+products, float32 where the model keeps float32, the weights stored in float32 and cast in the
+graph (as autocast does in every eager call), float32 outputs. ExportedProgram and TorchScript
+hold it; ONNX is refused (onnxruntime cannot load a bfloat16 Conv).
 """
 import os
 import platform
@@ -52,7 +57,13 @@ def trace_detector(detector: ExportableDetector, image: torch.Tensor) -> torch.e
         spatial = tuple(axis + 1 for axis in spatial)
     dynamic = {axis: torch.export.Dim.AUTO for axis in spatial}
     with torch.no_grad():
-        return torch.export.export(detector, (image,), dynamic_shapes=(dynamic,), strict=False)
+        program = torch.export.export(detector, (image,), dynamic_shapes=(dynamic,), strict=False)
+    if detector.precision != "float32":
+        # The autocast region is one higher-order op in the exported graph; inlined, it becomes the
+        # plain casts autocast made (bfloat16 convs and matmuls, float32 where the model asks),
+        # which every format can hold.
+        program = program.run_decompositions({})
+    return program
 
 
 def export_model(
@@ -76,7 +87,15 @@ def export_model(
     """
     if fmt not in FORMATS:
         raise ValueError(f"export_model: format must be one of {FORMATS}, got {fmt!r}")
-    detector = ExportableDetector(model, input_layout, batch_size)
+    if fmt == "onnx" and cfg.TEST.PRECISION != "float32":
+        # Measured: the graph converts, but onnxruntime refuses to load it (its CPU provider has
+        # no bfloat16 Conv; the standard's Conv takes none before opset 22, detcore writes OPSET).
+        raise ValueError(
+            f"export_model: ONNX in TEST.PRECISION {cfg.TEST.PRECISION} is not supported: onnxruntime has no "
+            "bfloat16 Conv, so it cannot load such a model. Export ONNX with TEST.PRECISION float32, or use "
+            "--format exported_program / torchscript, which keep the bfloat16 graph."
+        )
+    detector = ExportableDetector(model, input_layout, batch_size, cfg.TEST.PRECISION)
     image = sample_image if sample_image is not None else _example_image(cfg, input_layout, detector.min_side)
     expected_channels_axis = -1 if input_layout == "HWC" else 0
     if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[expected_channels_axis] != 3:
@@ -148,6 +167,7 @@ def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class
             "min_size_test": min_size,
             "max_size_test": max_size,
         },
+        "precision": detector.precision,
         "outputs": list(detector.output_names),
         "load": _HOW_TO_LOAD[fmt],
         "class_names": list(class_names) if class_names else None,

@@ -40,6 +40,7 @@ from detcore.data.transforms import ResizeShortestEdge
 from detcore.modeling import ProposalNetwork
 from detcore.structures import Boxes, heatmaps_to_keypoints, to_legacy_plus_one
 from detcore.structures.mask_paste import paste_masks_in_image
+from detcore.utils.precision import check_precision, inference_autocast
 
 __all__ = ["ExportableDetector", "decode_keypoints", "paste_masks", "resize_for_model"]
 
@@ -51,10 +52,15 @@ class ExportableDetector(nn.Module):
         model: a detcore detector (GeneralizedRCNN, RetinaNet, ProposalNetwork) in eval mode.
         input_layout: "CHW" (``[3, H, W]``) or "HWC" (``[H, W, 3]``, as OpenCV reads images).
         batch_size: None for one image; B for a batch of B equally sized images.
+        precision: TEST.PRECISION; "bfloat16" runs the network under ``torch.autocast`` (the
+            outputs stay float32).
     """
 
-    def __init__(self, model: nn.Module, input_layout: str = "CHW", batch_size: Optional[int] = None):
+    def __init__(
+        self, model: nn.Module, input_layout: str = "CHW", batch_size: Optional[int] = None, precision: str = "float32"
+    ):
         super().__init__()
+        check_precision(precision)
         if input_layout not in INPUT_LAYOUTS:
             raise ValueError(f"ExportableDetector: input_layout must be one of {INPUT_LAYOUTS}, got {input_layout!r}")
         if batch_size is not None and batch_size < 1:
@@ -62,6 +68,7 @@ class ExportableDetector(nn.Module):
         self.model = model.eval()
         self.input_layout = input_layout
         self.batch_size = batch_size
+        self.precision = precision
         self.proposals_only = isinstance(model, ProposalNetwork)
         self.mask_on = bool(getattr(model, "mask_on", False))
         roi_heads = getattr(model, "roi_heads", None)  # a ProposalNetwork or RetinaNet has none
@@ -79,7 +86,8 @@ class ExportableDetector(nn.Module):
             lambda: f"ExportableDetector: images must be at least {self.min_side} px on each side (the coarsest "
             f"feature map must be 2 x 2 or larger), got {height} x {width}",
         )
-        results = self.model.inference([{"image": x} for x in images], do_postprocess=False)
+        with inference_autocast(self.precision, self.model.device):
+            results = self.model.inference([{"image": x} for x in images], do_postprocess=False)
         per_image = [self._outputs(result) for result in results]
         if self.batch_size is None:
             return per_image[0]

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from detcore.config.choices import RESIZE_MODES, TTA_MERGE_MODES
 from detcore.data.transforms import HFlipTransform, NoOpTransform, ResizeShortestEdge, ResizeTransform, Transform, TransformList
 from detcore.structures import Boxes, Instances, from_legacy_plus_one, pairwise_iou, to_legacy_plus_one
+from detcore.utils.precision import full_precision
 
 from .postprocessing import detector_postprocess
 from .roi_heads.fast_rcnn import fast_rcnn_inference_single_image
@@ -52,7 +53,10 @@ def box_voting(
     voters = (iou >= iou_thresh) & (kept_classes[:, None] == classes[None, :])
     weights = voters.to(boxes.dtype) * scores[None, :]
     total = weights.sum(dim=1, keepdim=True)
-    voted = (weights @ boxes) / total.clamp(min=torch.finfo(boxes.dtype).tiny)
+    # A matmul: float32 even under bfloat16 autocast (TEST.PRECISION), whose rounding moves
+    # corners by up to 4 px at 1000 px.
+    with full_precision(boxes.device):
+        voted = (weights @ boxes) / total.clamp(min=torch.finfo(boxes.dtype).tiny)
     return torch.where(total > 0, voted, kept_boxes)
 
 

@@ -3,7 +3,8 @@
     python -m detcore.utils.collect_env
 
 Prints the versions that matter (Python, torch, CUDA, compilers, dependencies), whether
-detcore._C loaded, which kernels it carries (CPU, CUDA) and for which GPU archs it was built.
+detcore._C loaded, which kernels it carries (CPU, CUDA) and for which GPU archs it was built,
+and whether the CPU computes bfloat16 natively (what TEST.PRECISION bfloat16 needs to pay).
 """
 import importlib
 import os
@@ -91,7 +92,10 @@ def collect_env_rows():
     except ImportError as e:
         rows.append(("torch", f"not importable: {e}"))
         return rows
+    from detcore.utils.precision import cpu_bfloat16_summary
+
     rows += [
+        ("CPU bfloat16", cpu_bfloat16_summary()),
         ("torch", f"{torch.__version__} @ {os.path.dirname(torch.__file__)}"),
         ("torch CUDA", str(torch.version.cuda)),
         ("torch threads", str(torch.get_num_threads())),

@@ -3,9 +3,10 @@ image with OpenCV only.
 
 Every class keeps one colour in every picture (``class_color``), so pictures from different
 images or checkpoints can be compared at a glance. Line widths and text size follow the image
-size: a 128 px thumbnail and a 1333 px photo both read well. Keypoints are dots coloured by side
-(left, right, middle, from their names), so a left/right mix-up shows at a glance, on the
-instance's skeleton drawn in its class colour.
+size. Keypoints are dots coloured by side (left, right, middle, from their names), so a
+left/right mix-up shows at a glance, on the instance's skeleton drawn in its class colour. A small
+image (the 96-160 px shapes images) is drawn scaled up by a whole factor (``upscale_factor``,
+``draw_instances(scale=...)``): at its own size a readable label covers the object it names.
 """
 import colorsys
 import math
@@ -17,7 +18,7 @@ import torch
 
 from detcore.structures import BitMasks, Boxes, Instances, Keypoints, PolygonMasks
 
-__all__ = ["class_color", "draw_instances"]
+__all__ = ["class_color", "draw_instances", "upscale_factor"]
 
 _GOLDEN_RATIO = 0.618033988749895
 _NO_CLASS_COLOR = (80, 200, 80)  # BGR green for class-less boxes (e.g. proposals)
@@ -37,6 +38,21 @@ def class_color(class_id: Optional[int]) -> Tuple[int, int, int]:
     value = 0.95 if (class_id // 5) % 2 == 0 else 0.78
     r, g, b = colorsys.hsv_to_rgb(hue, 0.8, value)
     return int(b * 255), int(g * 255), int(r * 255)
+
+
+def upscale_factor(height: int, width: int, min_short_side: int = 480, max_long_side: int = 2400) -> int:
+    """The whole factor that brings an image's short side to at least ``min_short_side`` pixels
+    (1 for images that big already, or for ``min_short_side`` 0), as long as the long side stays
+    within ``max_long_side``. Whole factors keep every pixel a square block and map a box
+    coordinate ``x`` to exactly ``x * factor``."""
+    if min_short_side < 0 or max_long_side < 1:
+        raise ValueError(
+            f"upscale_factor: min_short_side must be >= 0 and max_long_side >= 1, got {min_short_side}, {max_long_side}"
+        )
+    short, long = min(height, width), max(height, width)
+    if short < 1 or short >= min_short_side:
+        return 1
+    return max(1, min(math.ceil(min_short_side / short), max_long_side // long))
 
 
 def _field(instances: Instances, *names):
@@ -77,11 +93,15 @@ def draw_instances(
     class_names: Optional[Sequence[str]] = None,
     score_threshold: float = 0.5,
     mask_alpha: float = 0.45,
+    scale: int = 1,
     keypoint_names: Optional[Sequence[str]] = None,
     keypoint_skeleton: Optional[Sequence[Tuple[str, str]]] = None,
     keypoint_threshold: Optional[float] = None,
 ) -> np.ndarray:
-    """A copy of ``image`` (``uint8 [H, W, 3]`` BGR) with ``instances`` drawn on it.
+    """A copy of ``image`` (``uint8 [H, W, 3]`` BGR) with ``instances`` drawn on it; with
+    ``scale`` k > 1, the image enlarged k times (each pixel a k x k block, see
+    ``upscale_factor``) with the detections drawn at their enlarged positions, lines and labels
+    sized for the enlarged picture.
 
     Reads ``pred_boxes`` / ``scores`` / ``pred_classes`` / ``pred_masks`` / ``pred_keypoints``
     (model outputs) or ``gt_boxes`` / ``gt_classes`` / ``gt_masks`` / ``gt_keypoints``
@@ -100,8 +120,12 @@ def draw_instances(
         raise ValueError(f"draw_instances: image must be a uint8 numpy array [H, W, 3] (BGR), got {desc}")
     if not isinstance(instances, Instances):
         raise TypeError(f"draw_instances: instances must be Instances, got {type(instances).__name__}")
-    out = np.ascontiguousarray(image.copy())
-    height, width = out.shape[:2]
+    if isinstance(scale, bool) or not isinstance(scale, (int, np.integer)) or scale < 1:
+        raise ValueError(f"draw_instances: scale must be a whole number >= 1, got {scale!r}")
+    scale = int(scale)
+    height, width = image.shape[:2]
+    # Nearest neighbour: pixel (i, j) becomes the block [i*k, (i+1)*k) x [j*k, (j+1)*k).
+    out = np.ascontiguousarray(image.repeat(scale, axis=0).repeat(scale, axis=1) if scale > 1 else image.copy())
     n = len(instances)
     if n == 0:
         return out
@@ -119,7 +143,10 @@ def draw_instances(
     draw_rectangles = boxes is not None
     if boxes is None:  # labels still need an anchor
         boxes = BitMasks(torch.from_numpy(masks)).get_bounding_boxes()
-    boxes = _to_numpy(boxes.tensor if isinstance(boxes, Boxes) else boxes).astype(np.float64).reshape(-1, 4)
+    boxes = _to_numpy(boxes.tensor if isinstance(boxes, Boxes) else boxes).astype(np.float64).reshape(-1, 4) * scale
+    if masks is not None and scale > 1:
+        masks = masks.repeat(scale, axis=1).repeat(scale, axis=2)
+    height, width = out.shape[:2]
     scores = _to_numpy(scores).astype(np.float64) if scores is not None else None
     classes = _to_numpy(classes).astype(np.int64) if classes is not None else None
 
@@ -149,7 +176,7 @@ def draw_instances(
     keypoints = _field(instances, "pred_keypoints", "gt_keypoints")
     if keypoints is not None:
         _draw_keypoints(
-            out, keypoints, order, colors, keypoint_names, keypoint_skeleton, keypoint_threshold, thickness
+            out, keypoints, order, colors, keypoint_names, keypoint_skeleton, keypoint_threshold, thickness, scale
         )
 
     if draw_rectangles:
@@ -181,9 +208,13 @@ def _keypoint_color(name: Optional[str]) -> Tuple[int, int, int]:
     return _RIGHT_COLOR if "right" in lowered else _MIDDLE_COLOR
 
 
-def _draw_keypoints(out, keypoints: Union[Keypoints, torch.Tensor], order, colors, names, skeleton, threshold, thickness):
+def _draw_keypoints(
+    out, keypoints: Union[Keypoints, torch.Tensor], order, colors, names, skeleton, threshold, thickness, scale=1
+):
     is_gt = isinstance(keypoints, Keypoints)
     points = _to_numpy(keypoints.tensor if is_gt else keypoints).astype(np.float64)
+    if points.ndim == 3:
+        points[..., :2] *= scale  # continuous coordinates: the enlarged picture's
     if points.ndim != 3 or points.shape[2] != 3:
         raise ValueError(f"draw_instances: keypoints must be [N, K, 3], got {points.shape}")
     num_keypoints = points.shape[1]

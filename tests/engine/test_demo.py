@@ -46,13 +46,36 @@ def test_visualize_writes_one_png_per_image_with_the_detections(tmp_path):
             pred_classes=torch.tensor([1, 0]),
         )}
 
-    written = visualize_images(predictor, [p1, p2], str(tmp_path / "out"), class_names=["a", "b"], score_threshold=0.5)
+    written = visualize_images(
+        predictor, [p1, p2], str(tmp_path / "out"), class_names=["a", "b"], score_threshold=0.5, min_size=0
+    )
     assert [os.path.basename(p) for p in written] == ["same.png", "same_1.png"]
     assert calls == [(40, 60, 3), (40, 60, 3)]
     out = cv2.imread(written[0])
     assert out.shape == (40, 60, 3)
     assert (out[5, 5:30] != 90).any()  # the kept box's top edge is drawn
     assert (out[0:4, 0:4] == 90).all()  # the 0.1-score box is not
+
+
+def test_small_images_are_drawn_enlarged_with_the_boxes_scaled(tmp_path):
+    path = write_image(tmp_path / "small.png", size=(40, 60))  # 12x: short side 480
+
+    def predictor(image):
+        h, w = image.shape[:2]
+        return {"instances": Instances(
+            (h, w), pred_boxes=Boxes(torch.tensor([[5.0, 10.0, 30.0, 25.0]])), scores=torch.tensor([0.9]),
+            pred_classes=torch.tensor([1]),
+        )}
+
+    (written,) = visualize_images(predictor, [path], str(tmp_path / "out"), class_names=["a", "b"])
+    out = cv2.imread(written)
+    assert out.shape == (480, 720, 3)
+    # The box's bottom edge at y = 12 * 25 - 1, from x = 60 to 359; nothing just below it.
+    assert (out[299, 70:350] != 90).any(axis=1).all()
+    assert (out[301:320, 70:350] == 90).all()
+    big = write_image(tmp_path / "big.png", size=(500, 600))
+    (written,) = visualize_images(predictor, [big], str(tmp_path / "out2"))
+    assert cv2.imread(written).shape == (500, 600, 3)  # already large enough: its own size
 
 
 def test_visualize_draws_keypoints_on_their_skeleton(tmp_path):
@@ -66,7 +89,7 @@ def test_visualize_draws_keypoints_on_their_skeleton(tmp_path):
 
     (written,) = visualize_images(
         predictor, [path], str(tmp_path / "out"), keypoint_names=["left_hand", "right_hand"],
-        keypoint_skeleton=[("left_hand", "right_hand")],
+        keypoint_skeleton=[("left_hand", "right_hand")], min_size=0,  # at its own size: pixels as placed
     )
     out = cv2.imread(written)
     assert tuple(out[30, 20]) == (0, 140, 255) and tuple(out[30, 60]) == (255, 120, 0)  # left / right colours

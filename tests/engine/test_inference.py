@@ -75,3 +75,45 @@ def test_format_results():
         "bbox: AP 50.00  AP50 75.12",
         "      per category AP: circle 40.00  square nan",
     ]
+
+
+class AutocastRecorder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.seen = []
+
+    def forward(self, inputs):
+        self.seen.append((torch.is_autocast_enabled("cpu"), self.lin(torch.ones(1, 2)).dtype))
+        return [{"value": x["value"]} for x in inputs]
+
+
+class AutocastEvaluator(SumEvaluator):
+    def process(self, inputs, outputs):
+        self.seen.append(torch.is_autocast_enabled("cpu"))
+
+    def evaluate(self):
+        return {"autocast": self.seen}
+
+
+@pytest.mark.parametrize("precision, dtype", [("float32", torch.float32), ("bfloat16", torch.bfloat16)])
+def test_precision_runs_the_model_under_autocast_and_the_evaluator_outside(precision, dtype):
+    model = AutocastRecorder()
+    results = inference_on_dataset(model, [[{"value": 1}], [{"value": 2}]], AutocastEvaluator(), precision=precision)
+    assert model.seen == [(precision == "bfloat16", dtype)] * 2
+    assert results == {"autocast": [False, False]}
+    with pytest.raises(ValueError, match="TEST.PRECISION must be one of"):
+        inference_on_dataset(model, [[{"value": 1}]], AutocastEvaluator(), precision="half")
+
+
+def test_the_trainers_evaluation_runs_in_test_precision(monkeypatch):
+    from detcore.config import get_cfg
+    from detcore.engine import DefaultTrainer, defaults
+
+    calls = []
+    monkeypatch.setattr(defaults, "inference_on_dataset", lambda *args, **kwargs: calls.append(kwargs) or {})
+    monkeypatch.setattr(DefaultTrainer, "build_test_loader", classmethod(lambda cls, cfg, name: []))
+    cfg = get_cfg()
+    cfg.merge_from_list(["TEST.PRECISION", "bfloat16", "DATASETS.TEST", "('a', 'b')"])
+    DefaultTrainer.test(cfg, Doubler(), evaluators=[SumEvaluator(), SumEvaluator()])
+    assert calls == [{"precision": "bfloat16"}] * 2

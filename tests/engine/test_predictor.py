@@ -1,6 +1,8 @@
 """Predictor: numpy BGR image in, numpy detections in original pixels out; preprocessing
 (channel order, test-time resize), weight loading, input checks."""
 
+import logging
+
 import cv2
 import numpy as np
 import pytest
@@ -229,3 +231,76 @@ def test_test_time_augmentation_runs_the_tta_wrapper_on_the_unresized_image(pred
     np.testing.assert_allclose(augmented["boxes"], plain["boxes"], rtol=0, atol=1e-3)
     np.testing.assert_array_equal(augmented["scores"], plain["scores"])
     assert (augmented["masks"] ^ plain["masks"]).sum() <= 2
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native_bfloat16_cpu", "emulating_cpu"])
+def test_bfloat16_precision_runs_the_network_in_bfloat16_and_answers_in_float32(predictor, monkeypatch, caplog, native):
+    """TEST.PRECISION bfloat16 on a CPU with native bfloat16 and on one that emulates it (the
+    detection monkeypatched): the same computation on both, a one-line warning on the second."""
+    from detcore.utils import precision
+
+    monkeypatch.setattr(precision, "_cpu_capabilities", lambda: {"avx512_bf16": native, "amx_bf16": False})
+    precision._warn_emulated.cache_clear()
+    bf16 = Predictor(_cfg(**{"TEST.PRECISION": "bfloat16"}))
+    bf16.model.load_state_dict(predictor.model.state_dict())
+    features = []
+    handle = bf16.model.backbone.register_forward_hook(lambda m, args, out: features.append({v.dtype for v in out.values()}))
+    image = _bgr(96, 80)
+    try:
+        with caplog.at_level(logging.WARNING, logger="detcore"):
+            out = bf16(image)
+    finally:
+        handle.remove()
+        precision._warn_emulated.cache_clear()
+    assert features == [{torch.bfloat16}]
+    warnings = [r.getMessage() for r in caplog.records if "bfloat16" in r.getMessage()]
+    assert len(warnings) == (0 if native else 1)
+    reference = predictor(image)
+    n = len(reference["boxes"])
+    assert len(out["boxes"]) == n > 0
+    assert out["boxes"].dtype == out["scores"].dtype == np.float32 and out["masks"].shape == (n, 96, 80)
+    assert out["instances"].pred_boxes.tensor.dtype == torch.float32
+    # Random weights score every box alike, so bfloat16 may reorder them; the scores stay close.
+    np.testing.assert_allclose(np.sort(out["scores"]), np.sort(reference["scores"]), atol=0.02)
+
+
+def test_unknown_precision_is_refused_naming_the_key():
+    cfg = _cfg()
+    cfg.TEST.PRECISION = "float16"  # bypasses the merge check
+    with pytest.raises(ValueError, match="TEST.PRECISION must be one of"):
+        Predictor(cfg)
+
+
+@pytest.mark.parametrize(
+    "config, overrides",
+    [
+        ("rpn_R_18_FPN_shapes.yaml", {}),  # ProposalNetwork
+        ("mask_rcnn_R_18_C4_shapes.yaml", {}),  # Res5ROIHeads
+        ("e2e_mask_rcnn_R_18_FPN_shapes.yaml", {"TEST.AUG.ENABLED": True, "TEST.AUG.MIN_SIZES": (48, 64),
+                                                "TEST.AUG.MAX_SIZE": 100, "TEST.AUG.MERGE": "box_voting"}),
+    ],
+    ids=["proposal_network", "c4", "tta_box_voting"],
+)
+def test_bfloat16_precision_with_every_meta_architecture_and_tta(config, overrides):
+    """TEST.PRECISION bfloat16 reaches the network through whatever runs it (a ProposalNetwork, C4
+    heads, the TTA wrapper): bfloat16 features, float32 answers close to float32 inference."""
+    torch.manual_seed(0)
+    fp32 = Predictor(small_cfg(config, **{"INPUT.MIN_SIZE_TEST": 64, "INPUT.MAX_SIZE_TEST": 100, **overrides}))
+    bf16 = Predictor(small_cfg(config, **{"INPUT.MIN_SIZE_TEST": 64, "INPUT.MAX_SIZE_TEST": 100,
+                                          "TEST.PRECISION": "bfloat16", **overrides}))
+    bf16.model.load_state_dict(fp32.model.state_dict())
+    dtypes = []
+    handle = bf16.model.backbone.register_forward_hook(lambda m, args, out: dtypes.append({v.dtype for v in out.values()}))
+    image = _bgr(80, 96, seed=4)
+    try:
+        got = bf16(image)
+    finally:
+        handle.remove()
+    expected = fp32(image)
+    assert dtypes and all(d == {torch.bfloat16} for d in dtypes)
+    assert got["boxes"].dtype == np.float32 and got["boxes"].shape == expected["boxes"].shape
+    assert len(expected["boxes"]) > 0
+    # Random weights: near-equal scores may swap places in bfloat16; compare sorted values.
+    key = "objectness_logits" if "objectness_logits" in expected else "scores"
+    assert got[key].dtype == np.float32
+    np.testing.assert_allclose(np.sort(got[key]), np.sort(expected[key]), atol=0.05 if key == "scores" else 0.5)

@@ -411,6 +411,48 @@ def test_deformable_model_in_onnxruntime_equals_eager(tmp_path):
         _assert_same_detections(session.run(None, {"image": image.numpy()}), ExportableDetector(model)(image), True)
 
 
+# --- TEST.PRECISION bfloat16 -------------------------------------------------------------------------
+def _bfloat16_cfg():
+    cfg = _cfg()
+    cfg.merge_from_list(["TEST.PRECISION", "bfloat16"])
+    return cfg
+
+
+def test_onnx_in_bfloat16_is_refused_before_tracing(tmp_path):
+    with pytest.raises(ValueError, match=r"ONNX in TEST.PRECISION bfloat16 is not supported: onnxruntime has no bfloat16 Conv"):
+        detcore.export.export_model(_bfloat16_cfg(), _model(_cfg()), "onnx", str(tmp_path))
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.slow  # one more trace of the R-18 model (~25 s on 2 quiet cores)
+def test_bfloat16_export_holds_the_bfloat16_graph_and_equals_eager(tmp_path):
+    """The exported graph is autocast's: bfloat16 convolutions as plain ops (no autocast region
+    left), float32 outputs; loaded from the file it gives eager bfloat16 inference's outputs bit
+    for bit at a size not seen at export, and so does its TorchScript form."""
+    cfg = _bfloat16_cfg()
+    model = _model(cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        paths = detcore.export.export_model(cfg, model, "exported_program", str(tmp_path), _chw(_photo(160)))
+    assert json.loads(open(paths["metadata"]).read())["precision"] == "bfloat16"
+    program = torch.export.load(paths["model"])
+    # Which convolution op the graph holds depends on torch's decomposition table (conv2d in 2.15).
+    convolution_ops = {torch.ops.aten.convolution.default, torch.ops.aten.conv2d.default}
+    convolutions = [n for n in program.graph.nodes if n.target in convolution_ops]
+    assert convolutions and all(n.meta["val"].dtype == torch.bfloat16 for n in convolutions)
+    assert not any("autocast" in str(n.target) for n in program.graph.nodes)
+    eager = ExportableDetector(model, precision="bfloat16")
+    image = _chw(_photo(128))
+    with torch.no_grad():
+        expected = eager(image)
+        got = program.module()(image)
+        scripted = script_exported_program(program)(image)
+    assert all(t.dtype == torch.float32 for t in (*expected[:2], expected[3]))
+    assert len(expected[0]) > 0
+    for a, b, c in zip(got, scripted, expected):
+        assert torch.equal(a, c) and torch.equal(b, c)
+
+
 def test_images_below_the_smallest_size_are_refused_with_the_bound():
     """A RetinaNet with P7 (stride 128) needs images of at least 129 px: its P7 is then 2 x 2 or
     larger, as in the traced graph. The wrapper says so in eager mode, the graph by its guard."""

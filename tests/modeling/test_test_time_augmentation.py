@@ -296,3 +296,17 @@ def test_from_config_and_bad_arguments(model):
     with pytest.raises(RuntimeError, match="eval"):
         tta([as_input(random_image(32, 32))])
     tta.eval()
+
+
+def test_box_voting_stays_float32_under_bfloat16_autocast():
+    """TEST.PRECISION bfloat16 runs TTA under autocast; the voting matmul must not round the
+    corners to bfloat16 (a 4 px step at 900 px)."""
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(40, 2, generator=g) * 50 + 900
+    boxes = torch.cat([xy, xy + 20 + torch.rand(40, 2, generator=g) * 5], dim=1)
+    scores, classes = torch.rand(40, generator=g), torch.zeros(40, dtype=torch.int64)
+    expected = box_voting(boxes[:5], classes[:5], boxes, scores, classes, 0.3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = box_voting(boxes[:5], classes[:5], boxes, scores, classes, 0.3)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-3)

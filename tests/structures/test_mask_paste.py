@@ -153,3 +153,18 @@ def test_torchvision_mode_matches_torchvision(n, m, height, width, max_side, see
     out = paste_masks_in_image(masks, boxes, (height, width), mode="torchvision")
     agree = (out == ref).float().mean().item()
     assert agree >= 0.999, agree
+
+
+@pytest.mark.parametrize("mode", ["aligned", "torchvision"])
+def test_bfloat16_autocast_pastes_as_float32(mode):
+    """TEST.PRECISION bfloat16 runs the model, postprocessing included, under autocast; pasting
+    switches it off, so the masks are those of float32 (bfloat16 matmuls flip edge pixels)."""
+    masks, boxes = random_case(30, 28, 120, 160, seed=5)
+    expected = paste_masks_in_image(masks, boxes, (120, 160), mode=mode)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = paste_masks_in_image(masks.bfloat16(), boxes, (120, 160), mode=mode)
+    # The mask probabilities arrive as float32 (the mask head's sigmoid is in float32).
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(paste_masks_in_image(masks, boxes, (120, 160), mode=mode), expected)
+    # bfloat16 inputs are rounded already: only pixels near the threshold may differ.
+    assert (got != expected).float().mean() < 0.01

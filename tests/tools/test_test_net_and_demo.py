@@ -11,6 +11,7 @@ from detcore.data import MetadataCatalog
 from detcore.engine import DefaultTrainer, Predictor
 from detcore.engine.demo import visualize_images
 from detcore.modeling import build_model
+from detcore.utils.visualizer import upscale_factor
 
 from tests.engine.toy_model import REPO, TINY_RCNN, TINY_VAL, TOY, make_cfg, subprocess_env
 
@@ -90,7 +91,10 @@ def test_predictor_and_demo_on_a_proposal_network(tiny_cache, tmp_path):
     assert out["proposals"].image_size == image.shape[:2]
     written = visualize_images(predictor, [os.path.join(val_images(), sorted(os.listdir(val_images()))[0])],
                                str(tmp_path / "demo"), score_threshold=0.0)
-    assert len(written) == 1 and cv2.imread(written[0]).shape == image.shape
+    # Drawn enlarged by a whole factor (short side >= 480, see upscale_factor).
+    scale = upscale_factor(*image.shape[:2])
+    assert scale > 1
+    assert len(written) == 1 and cv2.imread(written[0]).shape == (image.shape[0] * scale, image.shape[1] * scale, 3)
 
 
 def test_test_net_needs_weights(tiny_cache, tmp_path):
@@ -104,11 +108,15 @@ def val_images():
 
 
 def check_pngs(out_dir, names):
+    """The PNGs of the validation images ``names``, each drawn enlarged (the tiny images are 64-96
+    px) by a whole factor to a short side of at least 480 px."""
     written = sorted(os.listdir(out_dir))
-    assert written == sorted(names)
-    for name in written:
+    assert written == sorted(os.path.splitext(n)[0] + ".png" for n in names)
+    for name, source in zip(written, sorted(names)):
         image = cv2.imread(os.path.join(out_dir, name))
-        assert image is not None and image.ndim == 3
+        h, w = cv2.imread(os.path.join(val_images(), source)).shape[:2]
+        k = upscale_factor(h, w)
+        assert k > 1 and image.shape == (k * h, k * w, 3) and min(image.shape[:2]) >= 480
 
 
 def test_demo_writes_pngs(tiny_cache, tmp_path):
@@ -124,7 +132,7 @@ def test_demo_writes_pngs(tiny_cache, tmp_path):
                              "--input", *(os.path.join(val_images(), n) for n in images),
                              *TINY_RCNN, "MODEL.WEIGHTS", weights], tiny_cache)
     assert f"Wrote 2 picture(s) to {out}" in stdout
-    check_pngs(out, [os.path.splitext(n)[0] + ".png" for n in images])
+    check_pngs(out, images)
 
 
 @pytest.mark.slow
@@ -135,7 +143,7 @@ def test_tiny_mask_rcnn_checkpoint_ap_and_demo(tiny_cache, tmp_path):
     out = tmp_path / "demo"
     run("demo.py", ["--input", os.path.join(val_images(), "*.png"), "--output", str(out), "--max-images", "3",
                     *TINY_RCNN, "MODEL.WEIGHTS", weights], tiny_cache)
-    check_pngs(out, [os.path.splitext(n)[0] + ".png" for n in sorted(os.listdir(val_images()))[:3]])
+    check_pngs(out, sorted(os.listdir(val_images()))[:3])
 
 
 def test_demo_refuses_random_weights_unless_asked(tiny_cache, tmp_path):

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from detcore.structures import BitMasks, Boxes, Instances, PolygonMasks
-from detcore.utils.visualizer import class_color, draw_instances
+from detcore.utils.visualizer import class_color, draw_instances, upscale_factor
 
 
 def gradient_image(h=128, w=128):
@@ -136,6 +136,71 @@ def test_bad_inputs_raise():
         draw_instances(np.zeros((128, 128, 3), np.uint8), {"pred_boxes": None})
     with pytest.raises(ValueError, match="nothing to draw"):
         draw_instances(np.zeros((128, 128, 3), np.uint8), Instances((128, 128), scores=torch.tensor([0.9])))
+    for scale in (0, 2.5, True):
+        with pytest.raises(ValueError, match="scale must be a whole number >= 1"):
+            draw_instances(np.zeros((128, 128, 3), np.uint8), inst, scale=scale)
+
+
+# --- small images drawn enlarged ------------------------------------------------------------------
+def test_upscale_factor_reaches_the_short_side_with_a_whole_factor():
+    assert upscale_factor(96, 128) == 5  # 480 x 640
+    assert upscale_factor(160, 120) == 4  # 120 -> 480
+    assert upscale_factor(100, 150) == 5  # ceil(480 / 100): 500, never short of it
+    assert upscale_factor(480, 640) == 1 and upscale_factor(800, 1333) == 1
+    assert upscale_factor(96, 128, min_short_side=0) == 1
+    assert upscale_factor(20, 1000) == 2  # 24 would be needed; the long side caps it at 2400 // 1000
+    assert upscale_factor(20, 3000) == 1
+    with pytest.raises(ValueError, match="min_short_side"):
+        upscale_factor(96, 128, min_short_side=-1)
+
+
+def test_an_enlarged_picture_has_the_scaled_size_and_the_boxes_at_the_scaled_positions():
+    img = gradient_image(96, 128)
+    box = (20, 30, 70, 80)
+    out = draw_instances(img, detections(96, 128, (box,), with_masks=False), ["a", "b", "c"], scale=5)
+    assert out.shape == (480, 640, 3)
+    # Away from the drawing, each source pixel is a 5 x 5 block of its own value.
+    np.testing.assert_array_equal(out[400:480, 400:640], img[80:96, 80:128].repeat(5, 0).repeat(5, 1))
+    color = np.array(class_color(2))
+    x1, y1, x2, y2 = (5 * v for v in box)  # 100, 150, 350, 400: the last covered pixel is 349 / 399
+    middle_y, middle_x = (y1 + y2) // 2, (x1 + x2) // 2
+    for y, x in ((middle_y, x1), (middle_y, x2 - 1), (y2 - 1, middle_x)):
+        assert np.abs(out[y, x].astype(int) - color).max() <= 2, (y, x)
+    # Just outside the scaled box (and where the unscaled box would be drawn): the enlarged image.
+    for y, x in ((middle_y, x1 - 1), (middle_y, x2), (y2, middle_x), (middle_y // 5, box[0])):
+        np.testing.assert_array_equal(out[y, x], img[y // 5, x // 5])
+
+
+def test_an_enlarged_mask_covers_the_scaled_pixels():
+    img = gradient_image(96, 128)
+    inst = detections(96, 128, ((40, 40, 60, 60),))
+    alpha = 0.5
+    out = draw_instances(img, inst, ["a", "b", "c"], mask_alpha=alpha, scale=4)
+    color = np.array(class_color(2), dtype=np.float64)
+    inner = (slice(4 * 42, 4 * 58), slice(4 * 42, 4 * 58))  # away from the outline
+    source = img.repeat(4, 0).repeat(4, 1)[inner].astype(np.float64)
+    assert np.abs(out[inner] - np.round(source * (1 - alpha) + color * alpha)).max() <= 1
+    # Just right of and below the mask's last source pixel (59 -> 236..239): untouched.
+    np.testing.assert_array_equal(out[4 * 50, 4 * 60 + 2], img[50, 60])
+    np.testing.assert_array_equal(out[4 * 60 + 2, 4 * 50], img[60, 50])
+
+
+def test_labels_of_an_enlarged_picture_leave_the_object_visible():
+    # At its own size a label ~10 px tall sits on a 96 px image; enlarged, the same label is a
+    # small part of the box it names. The box interior stays mostly the object's own pixels.
+    img = np.full((96, 128, 3), 40, np.uint8)
+    img[30:60, 30:60] = 200
+    inst = detections(96, 128, ((30, 30, 60, 60),), with_masks=False)
+
+    def covered(out, scale):
+        inside = out[30 * scale : 60 * scale, 30 * scale : 60 * scale]
+        return float((inside != 200).any(axis=2).mean())
+
+    small = draw_instances(img, inst, ["a square"], scale=1)
+    big = draw_instances(img, inst, ["a square"], scale=upscale_factor(96, 128))
+    assert covered(big, 5) < 0.1 < covered(small, 1)
+
+
 
 
 # --- keypoints ------------------------------------------------------------------------------------
@@ -190,3 +255,12 @@ def test_keypoint_drawing_errors_name_the_problem():
         draw_instances(img, inst, keypoint_names=KP_NAMES, keypoint_skeleton=[("left_hand", "left_foot")])
     with pytest.raises(ValueError, match="2 keypoint_names for 3 keypoints"):
         draw_instances(img, inst, keypoint_names=KP_NAMES[:2])
+
+
+def test_keypoints_of_an_enlarged_picture_sit_at_the_scaled_positions():
+    img = np.full((128, 128, 3), 128, np.uint8)
+    inst = keypoint_detection([(60.5, 90.5, 5.0), (90.5, 40.5, 5.0), (30.5, 40.5, 5.0)])
+    out = draw_instances(img, inst, keypoint_names=KP_NAMES, keypoint_skeleton=KP_SKELETON, scale=4)
+    # The continuous point (90.5, 40.5) is (362, 162) enlarged: the centre of pixel (361.5, 161.5).
+    assert color_at(out, 362, 162) == (0, 140, 255) and color_at(out, 122, 162) == (255, 120, 0)
+    assert color_at(out, 90, 40) == (128, 128, 128)  # nothing at the unscaled position
