@@ -11,6 +11,7 @@ from pycocotools.coco import COCO
 
 from detcore.data import DatasetCatalog, MetadataCatalog, register_shapes
 from detcore.data.datasets import ShapesSpec, ensure_shapes_dataset, get_cache_dir
+from detcore.data.datasets import generated as generated_module
 from detcore.data.datasets import shapes as shapes_module
 
 SPEC = ShapesSpec(split="train", num_images=20, seed=1)
@@ -87,7 +88,7 @@ def test_occluded_masks_do_not_overlap_and_match_the_pixels(generated):
 
 def test_generation_is_atomic(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
-    real_write = shapes_module._write_png
+    real_write = generated_module.write_png
     written = []
 
     def dying_write(path, image):
@@ -96,13 +97,13 @@ def test_generation_is_atomic(tmp_path, monkeypatch):
         written.append(path)
         real_write(path, image)
 
-    monkeypatch.setattr(shapes_module, "_write_png", dying_write)
+    monkeypatch.setattr(generated_module, "write_png", dying_write)
     with pytest.raises(KeyboardInterrupt):
         ensure_shapes_dataset(SPEC, str(cache))
     assert os.listdir(cache) == []  # neither the final folder nor the temporary one is left
     assert os.path.dirname(os.path.dirname(written[0])).startswith(str(cache / f".{SPEC.dirname}.tmp-"))
 
-    monkeypatch.setattr(shapes_module, "_write_png", real_write)
+    monkeypatch.setattr(generated_module, "write_png", real_write)
     folder = ensure_shapes_dataset(SPEC, str(cache))
     assert os.listdir(cache) == [SPEC.dirname]
     assert len(os.listdir(os.path.join(folder, "images"))) == 20

@@ -21,8 +21,6 @@ cache (see generated.py), then read by the ordinary COCO loader. Every image has
 generator seeded by (seed, split, index): generations with the same parameters are
 byte-identical.
 """
-import json
-import os
 import zlib
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Tuple
@@ -31,8 +29,7 @@ import cv2
 import numpy as np
 import pycocotools.mask as mask_util
 
-from .generated import ensure_generated
-from .generated import write_png as _write_png
+from .generated import ensure_generated, write_coco_split
 from .shapes import PALETTE, textured_background
 
 __all__ = [
@@ -262,26 +259,13 @@ def _category() -> dict:
 
 def generate_figures_split(spec: FiguresSpec, out_dir: str) -> None:
     """Write ``out_dir/annotations.json`` and ``out_dir/images/NNNNNN.png``."""
-    image_dir = os.path.join(out_dir, "images")
-    os.makedirs(image_dir, exist_ok=True)
-    images, annotations = [], []
-    for index in range(spec.num_images):
-        image, anns = _make_image(spec, index)
-        file_name = f"{index:06d}.png"
-        _write_png(os.path.join(image_dir, file_name), image)
-        image_id = index + 1
-        images.append({"id": image_id, "file_name": file_name, "height": image.shape[0], "width": image.shape[1]})
-        for ann in anns:
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id, **ann})
-    data = {
-        "info": {"description": "detcore synthetic keypoint figures", "version": _VERSION, **asdict(spec)},
-        "licenses": [],
-        "images": images,
-        "annotations": annotations,
-        "categories": [_category()],
-    }
-    with open(os.path.join(out_dir, "annotations.json"), "w") as f:
-        f.write(json.dumps(data))
+    write_coco_split(
+        out_dir,
+        spec.num_images,
+        lambda index: _make_image(spec, index),
+        info={"description": "detcore synthetic keypoint figures", "version": _VERSION, **asdict(spec)},
+        categories=[_category()],
+    )
 
 
 def ensure_figures_dataset(spec: FiguresSpec, cache_dir: Optional[str] = None) -> str:

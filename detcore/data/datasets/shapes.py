@@ -17,8 +17,6 @@ Everything is written as a real COCO json + PNG files into a cache folder
 and then read by the ordinary COCO loader. Every image has its own random generator seeded by
 (seed, split, index), so a generation is byte-identical to any other with the same parameters.
 """
-import json
-import os
 import zlib
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Tuple
@@ -27,8 +25,7 @@ import cv2
 import numpy as np
 
 from ..detection_utils import mask_to_polygons
-from .generated import ensure_generated, get_cache_dir
-from .generated import write_png as _write_png
+from .generated import ensure_generated, get_cache_dir, write_coco_split
 
 __all__ = [
     "PALETTE", "SHAPES_CLASSES", "ShapesSpec", "ensure_shapes_dataset", "generate_shapes_split", "get_cache_dir",
@@ -239,26 +236,13 @@ def _make_image(spec: ShapesSpec, index: int):
 def generate_shapes_split(spec: ShapesSpec, out_dir: str) -> None:
     """Write ``out_dir/annotations.json`` and ``out_dir/images/NNNNNN.png`` (not atomic by
     itself: ``ensure_shapes_dataset`` calls it on a temporary folder)."""
-    image_dir = os.path.join(out_dir, "images")
-    os.makedirs(image_dir, exist_ok=True)
-    images, annotations = [], []
-    for index in range(spec.num_images):
-        image, anns = _make_image(spec, index)
-        file_name = f"{index:06d}.png"
-        _write_png(os.path.join(image_dir, file_name), image)
-        image_id = index + 1  # COCO ids are positive
-        images.append({"id": image_id, "file_name": file_name, "height": image.shape[0], "width": image.shape[1]})
-        for ann in anns:
-            annotations.append({"id": len(annotations) + 1, "image_id": image_id, **ann})
-    data = {
-        "info": {"description": "detcore synthetic shapes", "version": _VERSION, **asdict(spec)},
-        "licenses": [],
-        "images": images,
-        "annotations": annotations,
-        "categories": [{"id": i + 1, "name": n, "supercategory": "shape"} for i, n in enumerate(SHAPES_CLASSES)],
-    }
-    with open(os.path.join(out_dir, "annotations.json"), "w") as f:
-        f.write(json.dumps(data))  # dumps uses the C encoder, dump does not
+    write_coco_split(
+        out_dir,
+        spec.num_images,
+        lambda index: _make_image(spec, index),
+        info={"description": "detcore synthetic shapes", "version": _VERSION, **asdict(spec)},
+        categories=[{"id": i + 1, "name": n, "supercategory": "shape"} for i, n in enumerate(SHAPES_CLASSES)],
+    )
 
 
 def ensure_shapes_dataset(spec: ShapesSpec, cache_dir: Optional[str] = None) -> str:
