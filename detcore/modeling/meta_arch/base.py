@@ -38,6 +38,18 @@ class DetectorBase(nn.Module):
     # The key of each postprocessed result in the output dicts.
     result_key = "instances"
 
+    @staticmethod
+    def input_settings(cfg) -> Dict:
+        """The constructor arguments every detector takes from the config alike: how its input
+        images are read, normalized and padded (for ``from_config``)."""
+        return {
+            "pixel_mean": cfg.MODEL.PIXEL_MEAN,
+            "pixel_std": cfg.MODEL.PIXEL_STD,
+            "input_format": cfg.INPUT.FORMAT,
+            "size_divisibility": cfg.INPUT.SIZE_DIVISIBILITY,
+            "channels_last": cfg.MODEL.CHANNELS_LAST,
+        }
+
     def __init__(
         self,
         *,

@@ -54,11 +54,7 @@ class ProposalNetwork(DetectorBase):
         return {
             "backbone": backbone,
             "proposal_generator": build_proposal_generator(cfg, backbone.output_shape()),
-            "pixel_mean": cfg.MODEL.PIXEL_MEAN,
-            "pixel_std": cfg.MODEL.PIXEL_STD,
-            "input_format": cfg.INPUT.FORMAT,
-            "size_divisibility": cfg.INPUT.SIZE_DIVISIBILITY,
-            "channels_last": cfg.MODEL.CHANNELS_LAST,
+            **cls.input_settings(cfg),
         }
 
     @classmethod

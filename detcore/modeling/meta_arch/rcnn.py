@@ -61,14 +61,10 @@ class GeneralizedRCNN(DetectorBase):
             "backbone": backbone,
             "proposal_generator": build_proposal_generator(cfg, shapes),
             "roi_heads": build_roi_heads(cfg, shapes),
-            "pixel_mean": cfg.MODEL.PIXEL_MEAN,
-            "pixel_std": cfg.MODEL.PIXEL_STD,
-            "input_format": cfg.INPUT.FORMAT,
             "mask_threshold": cfg.MODEL.ROI_MASK_HEAD.MASK_THRESHOLD,
             "paste_mode": cfg.MODEL.ROI_MASK_HEAD.PASTE_MODE,
-            "size_divisibility": cfg.INPUT.SIZE_DIVISIBILITY,
-            "channels_last": cfg.MODEL.CHANNELS_LAST,
             "legacy_plus_one": cfg.MODEL.BOX_LEGACY_PLUS_ONE,
+            **cls.input_settings(cfg),
         }
 
     @property

@@ -154,8 +154,6 @@ class RetinaNet(DetectorBase):
             "box2box_transform": Box2BoxTransform(weights=r.BBOX_REG_WEIGHTS),
             "anchor_matcher": Matcher(r.IOU_THRESHOLDS, r.IOU_LABELS, allow_low_quality_matches=r.ALLOW_LOW_QUALITY_MATCHES),
             "num_classes": r.NUM_CLASSES,
-            "pixel_mean": cfg.MODEL.PIXEL_MEAN,
-            "pixel_std": cfg.MODEL.PIXEL_STD,
             "focal_loss_alpha": r.FOCAL_LOSS_ALPHA,
             "focal_loss_gamma": r.FOCAL_LOSS_GAMMA,
             "box_reg_loss_type": r.BBOX_REG_LOSS_TYPE,
@@ -166,9 +164,7 @@ class RetinaNet(DetectorBase):
             "test_nms_thresh": r.NMS_THRESH_TEST,
             "max_detections_per_image": cfg.TEST.DETECTIONS_PER_IMAGE,
             "clip_before_nms": r.CLIP_BEFORE_NMS,
-            "input_format": cfg.INPUT.FORMAT,
-            "size_divisibility": cfg.INPUT.SIZE_DIVISIBILITY,
-            "channels_last": cfg.MODEL.CHANNELS_LAST,
+            **cls.input_settings(cfg),
         }
 
     # --- the network ------------------------------------------------------------------------------
