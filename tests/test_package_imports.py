@@ -109,3 +109,15 @@ def test_the_cycle_finder_finds_a_circle_through_a_function_level_import(tmp_pat
     edges = import_edges(modules)
     assert edges == {"pkg": [], "pkg.a": ["pkg.b"], "pkg.b": ["pkg.a"], "pkg.c": ["pkg.b"]}
     assert cycles(edges) == [["pkg.a", "pkg.b"]]
+
+
+def test_the_extension_imports_first_thing_in_a_fresh_interpreter():
+    # `import detcore._C` before anything else: the extension links libc10 / libtorch, which only
+    # torch's own import puts in the process, so the package must import torch before it.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-c", "import detcore._C, torch; print(torch.ops.detcore.nms)"],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "detcore.nms" in result.stdout
