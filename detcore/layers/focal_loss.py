@@ -95,6 +95,9 @@ def sigmoid_focal_loss_per_image(
             f"sigmoid_focal_loss_per_image: labels must lie in [-1, {num_classes}] (-1 ignored, {num_classes} "
             f"background), got values in [{int(labels.min())}, {int(labels.max())}]"
         )
+    # Half-precision logits (AMP) are summed in float32, as the fused op's autocast rule does; the
+    # cast is outside the Function, so their gradient goes back in their own dtype.
+    logits = [x.float() if x.dtype in (torch.float16, torch.bfloat16) else x for x in logits]
     ensure_loaded()
     return _FocalLossPerImage.apply(labels, float(alpha), float(gamma), *logits)
 

@@ -111,3 +111,17 @@ def test_bad_arguments_name_what_is_wrong():
         sigmoid_focal_loss_per_image([x, torch.zeros(2, 3, 4)], torch.full((2, 7), K))
     with pytest.raises(ValueError, match=r"at least one level of logits and labels \[B, R\]"):
         sigmoid_focal_loss_per_image([], labels)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_logits_are_summed_in_float32(dtype):
+    # Under AMP the head's logits arrive in bfloat16 / float16: the sums over ~10^5 anchors must
+    # not accumulate in that precision, and the gradient comes back in the logits' dtype.
+    logits, labels = _case(sizes=(4000, 500), num_images=2, dtype=dtype)
+    leaves = [x.detach().clone().requires_grad_(True) for x in logits]
+    loss = sigmoid_focal_loss_per_image(leaves, labels, alpha=0.25, gamma=2.0)
+    assert loss.dtype == torch.float32
+    expected = _reference([x.double() for x in logits], labels, 0.25, 2.0)
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-5, atol=1e-4)
+    grads = torch.autograd.grad(loss.sum(), leaves)
+    assert all(g.dtype == dtype for g in grads)
