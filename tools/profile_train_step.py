@@ -7,7 +7,7 @@
 Builds the model, optimizer and training loader of the config (KEY VALUE overrides as in
 train_net.py), runs --warmup iterations untimed, then --iters timed ones, and prints the median
 seconds per iteration of each stage: waiting for data, the forward of each top-level part
-(backbone, proposal generator, ROI heads: box, mask and keypoint branches), backward, optimizer step.
+(backbone, proposal generator, ROI heads: box, mask and keypoint branches; RetinaNet's dense head), backward, optimizer step.
 With --ops N it also runs one more iteration under torch.profiler and prints the N operators
 with the most self CPU time (forward and backward), which is what says *why* a stage is slow.
 Nothing is written to disk; the model is trained for the iterations it runs, from scratch.
@@ -69,12 +69,18 @@ def main():
 
     times = defaultdict(float)
     _timed(model.backbone, "forward: backbone", times)
-    _timed(model.proposal_generator, "forward: proposal generator", times)
-    roi = model.roi_heads
-    _timed(roi, "forward: roi heads (all)", times)
-    for part in ("box_pooler", "box_head", "box_predictor", "mask_pooler", "mask_head", "keypoint_pooler", "keypoint_head"):
-        if hasattr(roi, part):
-            _timed(getattr(roi, part), f"  roi: {part}", times)
+    # R-CNNs have a proposal generator and ROI heads, RetinaNet its dense head (the losses are
+    # the rest of its forward).
+    if getattr(model, "proposal_generator", None) is not None:
+        _timed(model.proposal_generator, "forward: proposal generator", times)
+    if getattr(model, "head", None) is not None:
+        _timed(model.head, "forward: dense head", times)
+    roi = getattr(model, "roi_heads", None)
+    if roi is not None:
+        _timed(roi, "forward: roi heads (all)", times)
+        for part in ("box_pooler", "box_head", "box_predictor", "mask_pooler", "mask_head", "keypoint_pooler", "keypoint_head"):
+            if hasattr(roi, part):
+                _timed(getattr(roi, part), f"  roi: {part}", times)
 
     def step():
         start = time.perf_counter()
@@ -115,7 +121,7 @@ def main():
     total = statistics.median(totals)
     print(f"{'stage':<34}{'s/it':>9}{'share':>8}")
     order = ["data wait", "forward: total", "forward: backbone", "forward: proposal generator",
-             "forward: roi heads (all)"] + sorted(k for k in per_stage if k.startswith("  roi")) + [
+             "forward: dense head", "forward: roi heads (all)"] + sorted(k for k in per_stage if k.startswith("  roi")) + [
              "backward", "optimizer step"]
     for k in order:
         if k in per_stage:

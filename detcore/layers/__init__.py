@@ -7,7 +7,7 @@ from ._extension import OpArgumentError
 from .batch_norm import FrozenBatchNorm2d, get_norm
 from .conv import Conv2d, c2_msra_fill, c2_xavier_fill
 from .deform_conv import DeformConv2d, deform_conv2d
-from .focal_loss import sigmoid_focal_loss
+from .focal_loss import sigmoid_focal_loss, sigmoid_focal_loss_per_image
 from .nms import batched_nms, nms
 from .roi_align import ROIAlign, RoIAlign, roi_align
 from .roi_pool import ROIPool, RoIPool, roi_pool
@@ -26,6 +26,7 @@ __all__ = [
     "deform_conv2d",
     "DeformConv2d",
     "sigmoid_focal_loss",
+    "sigmoid_focal_loss_per_image",
     "FrozenBatchNorm2d",
     "get_norm",
     "Conv2d",

@@ -9,7 +9,15 @@ import warnings
 import pytest
 import torch
 
-from detcore.layers import batched_nms, deform_conv2d, nms, roi_align, roi_pool, sigmoid_focal_loss
+from detcore.layers import (
+    batched_nms,
+    deform_conv2d,
+    nms,
+    roi_align,
+    roi_pool,
+    sigmoid_focal_loss,
+    sigmoid_focal_loss_per_image,
+)
 from detcore.layers import _extension
 
 try:
@@ -382,6 +390,25 @@ def test_sigmoid_focal_loss_cuda_is_deterministic():
             assert all(torch.equal(a, b) for a, b in zip(first, again))
     finally:
         torch.use_deterministic_algorithms(was_deterministic)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("grad_out", [[0.5, -2.0], [0.7, 0.7]], ids=["per_image", "shared"])
+def test_sigmoid_focal_loss_per_image_cuda_equals_cpu(dtype, grad_out):
+    """RetinaNet's per-image class loss: the same ops on the GPU, the same targets and ignored rows."""
+    g = _gen(34)
+    logits = [torch.randn(2, n, 7, generator=g, dtype=torch.float64).mul(3).to(dtype) for n in (3000, 500, 0)]
+    labels = torch.randint(-1, 8, (2, 3500), generator=g)
+    grad = torch.tensor(grad_out, dtype=dtype)
+
+    def run(device):
+        leaves = [x.to(device).requires_grad_(True) for x in logits]
+        loss = sigmoid_focal_loss_per_image(leaves, labels.to(device))
+        return [loss.detach(), *torch.autograd.grad(loss, leaves, grad.to(device))]
+
+    for a, b in zip(run("cuda"), run("cpu")):
+        assert a.is_cuda and a.dtype == dtype
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
 
 
 def test_sigmoid_focal_loss_cuda_edge_cases_and_autocast():

@@ -14,7 +14,6 @@ Every anchor and every class takes part in the loss (no sampling): the focal los
 from typing import Dict, List, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from detcore.config.choices import BOX_REG_LOSS_TYPES, RETINANET_LOSS_NORMALIZERS
@@ -234,20 +233,15 @@ class RetinaNet(DetectorBase):
         foreground anchors, both summed and divided as ``loss_normalizer`` says."""
         num_images = gt_labels.shape[0]
         anchors = Boxes.cat(anchors).tensor
-        logits = torch.cat(pred_logits, dim=1)  # [B, R, K]
         deltas = torch.cat(pred_deltas, dim=1)  # [B, R, 4]
-        valid = gt_labels >= 0
-        foreground = valid & (gt_labels != self.num_classes)
-
-        cls_losses, box_losses = [], []
+        foreground = (gt_labels >= 0) & (gt_labels != self.num_classes)
+        # The class loss reads each level's logits in place: concatenating, gathering the
+        # non-ignored anchors and one-hot targets would each copy [B, R, K] (70 MB per image).
+        cls_losses = layers.sigmoid_focal_loss_per_image(
+            pred_logits, gt_labels, self.focal_loss_alpha, self.focal_loss_gamma
+        )  # [B]
+        box_losses = []
         for i in range(num_images):
-            # One-hot over K + 1 columns, the background's dropped: a background anchor's target is all 0.
-            targets = F.one_hot(gt_labels[i][valid[i]], self.num_classes + 1)[:, :-1].to(logits.dtype)
-            cls_losses.append(
-                layers.sigmoid_focal_loss(
-                    logits[i][valid[i]], targets, self.focal_loss_alpha, self.focal_loss_gamma, reduction="sum"
-                )
-            )
             fg = foreground[i]
             box_losses.append(
                 box_loss(
@@ -257,8 +251,8 @@ class RetinaNet(DetectorBase):
             )
         num_foreground = foreground.sum(dim=1)  # [B]
         if self.loss_normalizer == "per_image":
-            weights = 1.0 / (num_foreground.clamp(min=1).to(logits.dtype) * num_images)
-            loss_cls = (torch.stack(cls_losses) * weights).sum()
+            weights = 1.0 / (num_foreground.clamp(min=1).to(cls_losses.dtype) * num_images)
+            loss_cls = (cls_losses * weights).sum()
             loss_box = (torch.stack(box_losses) * weights).sum()
         else:
             if self.loss_normalizer == "moving_average":
@@ -269,8 +263,8 @@ class RetinaNet(DetectorBase):
                     )
                 normalizer = self.moving_normalizer
             else:
-                normalizer = num_foreground.sum().clamp(min=1).to(logits.dtype)  # a tensor: no host sync
-            loss_cls = torch.stack(cls_losses).sum() / normalizer
+                normalizer = num_foreground.sum().clamp(min=1).to(cls_losses.dtype)  # a tensor: no host sync
+            loss_cls = cls_losses.sum() / normalizer
             loss_box = torch.stack(box_losses).sum() / normalizer
         return {"loss_cls": loss_cls, "loss_box_reg": loss_box}
 

@@ -144,12 +144,25 @@ def _plain_losses(case, normalizer, alpha=0.25, gamma=2.0, beta=0.0):
 @pytest.mark.parametrize("beta", [0.0, 0.11])
 @pytest.mark.parametrize("gamma", [0.5, 2.0])  # the shapes config's and the paper's
 def test_losses_match_a_plain_computation(model, normalizer, beta, gamma):
-    case = _loss_case()
+    """Values and the gradients of logits and deltas (per image weights with "per_image")."""
+
+    def with_grad(case):
+        anchors, logits, labels, deltas, gt_boxes = case
+        logits = [x.clone().requires_grad_(True) for x in logits]
+        deltas = [x.clone().requires_grad_(True) for x in deltas]
+        return anchors, logits, labels, deltas, gt_boxes
+
+    case, plain_case = with_grad(_loss_case()), with_grad(_loss_case())
     with _settings(model, loss_normalizer=normalizer, smooth_l1_beta=beta, focal_loss_gamma=gamma):
         losses = model.losses(*case)
-    expected_cls, expected_box = _plain_losses(case, normalizer, gamma=gamma, beta=beta)
+    expected_cls, expected_box = _plain_losses(plain_case, normalizer, gamma=gamma, beta=beta)
     torch.testing.assert_close(losses["loss_cls"], expected_cls)
     torch.testing.assert_close(losses["loss_box_reg"], expected_box)
+    leaves, plain_leaves = case[1] + case[3], plain_case[1] + plain_case[3]
+    got = torch.autograd.grad(losses["loss_cls"] + 2 * losses["loss_box_reg"], leaves)
+    expected = torch.autograd.grad(expected_cls + 2 * expected_box, plain_leaves)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
 
 
 def test_per_image_and_batch_normalizers_differ_on_this_case(model):
