@@ -102,7 +102,7 @@ def plain_roi_heads():
     scales = (1 / 4, 1 / 8, 1 / 16, 1 / 32)
     return StandardROIHeads(
         box_in_features=LEVELS[:4],
-        box_pooler=ROIPooler(7, scales, sampling_ratio=0, canonical_box_size=56),
+        box_pooler=ROIPooler(7, scales, sampling_ratio=0, canonical_box_size=112),
         box_head=plain_box_head(),
         box_predictor=plain_box_predictor(),
         num_classes=3,
@@ -110,7 +110,7 @@ def plain_roi_heads():
         positive_fraction=0.25,
         proposal_matcher=Matcher([0.5], [0, 1]),
         mask_in_features=LEVELS[:4],
-        mask_pooler=ROIPooler(14, scales, sampling_ratio=0, canonical_box_size=56),
+        mask_pooler=ROIPooler(14, scales, sampling_ratio=0, canonical_box_size=112),
         mask_head=plain_mask_head(),
     )
 
@@ -157,7 +157,7 @@ def plain_retinanet():
         head=RetinaNetHead(in_channels=CHANNELS, num_anchors=9, num_classes=3, num_convs=4, norm="GN", prior_prob=0.01),
         head_in_features=["p3", "p4", "p5"],
         anchor_generator=DefaultAnchorGenerator(
-            sizes=[[s * o for o in octaves] for s in (32.0, 64.0, 128.0)], aspect_ratios=[[0.5, 1.0, 2.0]],
+            sizes=[[s * o for o in octaves] for s in (24.0, 48.0, 96.0)], aspect_ratios=[[0.5, 1.0, 2.0]],
             strides=[8, 16, 32], offset=0.0,
         ),
         box2box_transform=Box2BoxTransform((1.0, 1.0, 1.0, 1.0)),
