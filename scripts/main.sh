@@ -2,8 +2,8 @@
 # The main job, one command: set up (install deps, build detcore._C), train Mask R-CNN
 # R-18-FPN on the built-in synthetic shapes dataset, evaluate box and mask AP on shapes_val,
 # draw demo pictures of validation images and the loss curves -- all into one folder.
-# On a 2-core CPU the R-18 recipe takes ~10 minutes after setup (measured: 52.6 box / 51.4 mask AP
-# on shapes_val; see configs/README.md); setup adds 1-3 minutes (plus torch's download on a fresh machine).
+# On a 2-core CPU the R-18 recipe trains in ~6-10 minutes (measured on a fresh machine, setup
+# included: 8 min 39 s, 59.1 box / 60.1 mask AP on shapes_val; docs/benchmarks.md).
 #
 #   bash scripts/main.sh                              # the full recipe of the config
 #   bash scripts/main.sh SOLVER.MAX_ITER 200          # KEY VALUE config overrides (training and demo)
