@@ -32,7 +32,7 @@ from detcore.data.datasets.cityscapes import (
 )
 from detcore.utils import strict_json
 
-from .evaluator import DatasetEvaluator, gather_to_main
+from .evaluator import DatasetEvaluator, predictions_to_evaluate
 
 __all__ = ["CityscapesInstanceEvaluator", "METRICS_FILE"]
 
@@ -120,13 +120,8 @@ class CityscapesInstanceEvaluator(DatasetEvaluator):
             self._predictions.append({"image_id": image_id, "rles": rles, "classes": classes, "scores": scores})
 
     def evaluate(self) -> "OrderedDict[str, Dict[str, float]]":
-        predictions = self._predictions
-        if self._distributed:
-            predictions, is_main = gather_to_main(predictions)
-            if not is_main:
-                return OrderedDict()
-        if not predictions:
-            logger.warning("CityscapesInstanceEvaluator: no images were processed; nothing to evaluate.")
+        predictions = predictions_to_evaluate(self._predictions, self._distributed, "CityscapesInstanceEvaluator")
+        if predictions is None:
             return OrderedDict()
         first = {}
         for p in predictions:

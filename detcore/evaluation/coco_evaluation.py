@@ -35,7 +35,7 @@ from detcore.data.datasets.shapes import get_cache_dir
 from detcore.structures import Boxes, Instances
 from detcore.utils import strict_json
 
-from .evaluator import DatasetEvaluator, gather_to_main
+from .evaluator import DatasetEvaluator, predictions_to_evaluate
 from .proposal_recall import LIMITS, proposal_recall_metrics
 
 __all__ = ["COCOEvaluator", "instances_to_coco_json", "RESULTS_FILE", "METRICS_FILE"]
@@ -362,13 +362,8 @@ class COCOEvaluator(DatasetEvaluator):
             self._predictions.append(record)
 
     def evaluate(self) -> "OrderedDict[str, Dict[str, float]]":
-        predictions = self._predictions
-        if self._distributed:
-            predictions, is_main = gather_to_main(predictions)
-            if not is_main:
-                return OrderedDict()
-        if not predictions:
-            logger.warning("COCOEvaluator: no images were processed; nothing to evaluate.")
+        predictions = predictions_to_evaluate(self._predictions, self._distributed, "COCOEvaluator")
+        if predictions is None:
             return OrderedDict()
 
         image_ids, coco_results, records = self._unique_images(predictions)

@@ -3,12 +3,15 @@
 Keeping evaluators behind this small protocol lets one loop feed several of them (COCO AP, a
 custom metric, a prediction dumper) without knowing what each computes.
 """
+import logging
 from collections import OrderedDict
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
-__all__ = ["DatasetEvaluator", "DatasetEvaluators", "gather_to_main"]
+__all__ = ["DatasetEvaluator", "DatasetEvaluators", "gather_to_main", "predictions_to_evaluate"]
+
+logger = logging.getLogger(__name__)
 
 
 def gather_to_main(records: List) -> Tuple[List, bool]:
@@ -20,6 +23,20 @@ def gather_to_main(records: List) -> Tuple[List, bool]:
     if dist.get_rank() != 0:
         return [], False
     return [r for part in gathered for r in part], True
+
+
+def predictions_to_evaluate(records: List, distributed: bool, evaluator_name: str) -> Optional[List]:
+    """What ``evaluate()`` works on: every rank's records on rank 0 when ``distributed``, else this
+    process's; ``None`` where there is nothing to do here (another rank, or no images processed,
+    which is logged naming the evaluator), so that ``evaluate()`` returns no results."""
+    if distributed:
+        records, is_main = gather_to_main(records)
+        if not is_main:
+            return None
+    if not records:
+        logger.warning("%s: no images were processed; nothing to evaluate.", evaluator_name)
+        return None
+    return records
 
 
 class DatasetEvaluator:

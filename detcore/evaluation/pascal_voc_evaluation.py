@@ -34,7 +34,7 @@ import torch
 from detcore.structures import Boxes
 from detcore.utils import strict_json
 
-from .evaluator import DatasetEvaluator, gather_to_main
+from .evaluator import DatasetEvaluator, predictions_to_evaluate
 
 __all__ = ["PascalVOCDetectionEvaluator", "voc_ap", "voc_precision_recall", "METRICS_FILE"]
 
@@ -199,13 +199,8 @@ class PascalVOCDetectionEvaluator(DatasetEvaluator):
             )
 
     def evaluate(self) -> "OrderedDict[str, Dict[str, float]]":
-        predictions = self._predictions
-        if self._distributed:
-            predictions, is_main = gather_to_main(predictions)
-            if not is_main:
-                return OrderedDict()
-        if not predictions:
-            logger.warning("PascalVOCDetectionEvaluator: no images were processed; nothing to evaluate.")
+        predictions = predictions_to_evaluate(self._predictions, self._distributed, "PascalVOCDetectionEvaluator")
+        if predictions is None:
             return OrderedDict()
         first = {}
         for p in predictions:  # samplers may pad with repeated images: the first one counts
