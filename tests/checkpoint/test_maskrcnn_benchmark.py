@@ -89,6 +89,33 @@ def numbered_rows(t):
     return rows.view(-1, *([1] * (t.dim() - 1))).expand_as(t).clone()
 
 
+def convert_detectron_pkl(tmp_path, shapes, predictor_blobs, model, head_modules):
+    """A Detectron ``model_final.pkl`` of these blob shapes (each blob numbered, the classifier
+    blobs ``predictor_blobs`` numbered by row), converted for ``model``: checks what every
+    Detectron detection checkpoint must give (its format, every model tensor filled, only the
+    BN momenta dropped, the ``head_modules``' (_, blob, detcore module) weights and biases in
+    place, every other blob used, background moved last) and returns ``(converted, blobs)``."""
+    blobs = {k: v.numpy() for k, v in numbered(shapes).items()}
+    for c2 in predictor_blobs:
+        for leaf in ("w", "b"):
+            blobs[f"{c2}_{leaf}"] = numbered_rows(torch.from_numpy(blobs[f"{c2}_{leaf}"])).numpy()
+    path = tmp_path / "model_final.pkl"
+    path.write_bytes(pickle.dumps({"blobs": blobs, "cfg": "MODEL:\n  TYPE: generalized_rcnn\n"}, protocol=2))
+
+    converted, report = load_converted_state_dict(path, model)
+    assert report.format == "caffe2-detection"
+    assert report.complete, report.table()
+    momentum = [k for k in shapes if k.endswith("_momentum")]
+    assert momentum and sorted(k for k, _ in report.dropped) == sorted(momentum)
+    assert {dst for _, dst, _ in report.mapped} == set(model.state_dict())
+    assert {src for src, _, _ in report.mapped} >= {k for k in shapes if not k.endswith("_momentum")}
+    for _, c2, ours in head_modules:
+        assert torch.equal(converted[ours + ".weight"], torch.from_numpy(blobs[c2 + "_w"])), (c2, ours)
+        assert torch.equal(converted[ours + ".bias"], torch.from_numpy(blobs[c2 + "_b"])), (c2, ours)
+    check_class_order(converted)
+    return converted, blobs
+
+
 # --- maskrcnn-benchmark .pth -----------------------------------------------------------------------
 def test_maskrcnn_benchmark_pth_fills_the_preset_name_by_name(tmp_path, preset_model):
     shapes = maskrcnn_benchmark_mask_rcnn_r50_fpn_shapes()  # "module." + ... (a DDP model)
@@ -196,25 +223,7 @@ def test_maskrcnn_benchmark_body_computes_what_theirs_computes(preset_model):
 # --- Detectron .pkl ------------------------------------------------------------------------------
 def test_detectron_pkl_fills_the_preset_name_by_name(tmp_path, preset_model):
     shapes = caffe2_detectron_mask_rcnn_r50_fpn_shapes()
-    blobs = {k: v.numpy() for k, v in numbered(shapes).items()}
-    for _, c2, _ in PREDICTORS:
-        for leaf in ("w", "b"):
-            blobs[f"{c2}_{leaf}"] = numbered_rows(torch.from_numpy(blobs[f"{c2}_{leaf}"])).numpy()
-    path = tmp_path / "model_final.pkl"
-    path.write_bytes(pickle.dumps({"blobs": blobs, "cfg": "MODEL:\n  TYPE: generalized_rcnn\n"}, protocol=2))
-
-    converted, report = load_converted_state_dict(path, preset_model)
-    assert report.format == "caffe2-detection"
-    assert report.complete, report.table()
-    momentum = [k for k in shapes if k.endswith("_momentum")]
-    assert momentum and sorted(k for k, _ in report.dropped) == sorted(momentum)
-    model_shapes = {k: tuple(v.shape) for k, v in preset_model.state_dict().items()}
-    assert {dst for _, dst, _ in report.mapped} == set(model_shapes)
-    assert {src for src, _, _ in report.mapped} >= {k for k in shapes if not k.endswith("_momentum")}
-    for _, c2, ours in HEAD_MODULES:
-        assert torch.equal(converted[ours + ".weight"], torch.from_numpy(blobs[c2 + "_w"])), (c2, ours)
-        assert torch.equal(converted[ours + ".bias"], torch.from_numpy(blobs[c2 + "_b"])), (c2, ours)
-    check_class_order(converted)
+    converted, blobs = convert_detectron_pkl(tmp_path, shapes, [c2 for _, c2, _ in PREDICTORS], preset_model, HEAD_MODULES)
     for c2, ours in {"res4_3_branch2b_w": "res4.3.conv2.weight", "res2_0_branch1_w": "res2.0.downsample.0.weight",
                      "res_conv1_bn_b": "stem.bn1.bias", "res5_2_branch2c_bn_s": "res5.2.bn3.weight"}.items():
         assert torch.equal(converted["backbone.bottom_up." + ours], torch.from_numpy(blobs[c2])), c2

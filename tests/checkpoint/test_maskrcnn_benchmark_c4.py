@@ -4,7 +4,6 @@ the reference's module structure says (zoo_names.py and the pairs below are writ
 model code: the body's layer1..layer3, res5 as the box head's ResNetHead ``layer4`` shared with
 the mask head, the single-level RPN, MaskRCNNC4Predictor), and the res5 head computing what
 theirs does."""
-import pickle
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from .test_maskrcnn_benchmark import (
     REPO,
     _maskrcnn_benchmark_body,
     check_class_order,
+    convert_detectron_pkl,
     numbered,
     numbered_rows,
     without_background,
@@ -119,25 +119,9 @@ def test_a_mask_head_with_its_own_res5_is_refused():
 
 
 def test_detectron_c4_pkl_fills_the_preset_name_by_name(tmp_path, preset_model):
-    shapes = caffe2_detectron_mask_rcnn_r50_c4_shapes()
-    blobs = {k: v.numpy() for k, v in numbered(shapes).items()}
-    for _, c2 in PREDICTORS:
-        for leaf in ("w", "b"):
-            blobs[f"{c2}_{leaf}"] = numbered_rows(torch.from_numpy(blobs[f"{c2}_{leaf}"])).numpy()
-    path = tmp_path / "model_final.pkl"
-    path.write_bytes(pickle.dumps({"blobs": blobs, "cfg": "MODEL:\n  TYPE: generalized_rcnn\n"}, protocol=2))
-
-    converted, report = load_converted_state_dict(path, preset_model)
-    assert report.format == "caffe2-detection"
-    assert report.complete, report.table()
-    momentum = [k for k in shapes if k.endswith("_momentum")]
-    assert momentum and sorted(k for k, _ in report.dropped) == sorted(momentum)
-    model_shapes = {k: tuple(v.shape) for k, v in preset_model.state_dict().items()}
-    assert {dst for _, dst, _ in report.mapped} == set(model_shapes)
-    for _, c2, ours in HEAD_MODULES:
-        assert torch.equal(converted[ours + ".weight"], torch.from_numpy(blobs[c2 + "_w"])), (c2, ours)
-        assert torch.equal(converted[ours + ".bias"], torch.from_numpy(blobs[c2 + "_b"])), (c2, ours)
-    check_class_order(converted)
+    converted, blobs = convert_detectron_pkl(
+        tmp_path, caffe2_detectron_mask_rcnn_r50_c4_shapes(), [c2 for _, c2 in PREDICTORS], preset_model, HEAD_MODULES
+    )
     for _, c2, ours in STAGE_PAIRS:
         assert torch.equal(converted[ours], torch.from_numpy(blobs[c2])), c2
     preset_model.load_state_dict(converted, strict=True)
