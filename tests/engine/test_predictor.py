@@ -276,14 +276,18 @@ def test_unknown_precision_is_refused_naming_the_key():
     [
         ("rpn_R_18_FPN_shapes.yaml", {}),  # ProposalNetwork
         ("mask_rcnn_R_18_C4_shapes.yaml", {}),  # Res5ROIHeads
+        ("keypoint_rcnn_R_18_FPN_figures.yaml", {}),  # keypoint head
+        # RetinaNet: its prior (0.01) keeps random weights under the 0.05 threshold
+        ("retinanet_R_18_FPN_shapes.yaml", {"MODEL.RETINANET.SCORE_THRESH_TEST": 0.0}),
         ("e2e_mask_rcnn_R_18_FPN_shapes.yaml", {"TEST.AUG.ENABLED": True, "TEST.AUG.MIN_SIZES": (48, 64),
                                                 "TEST.AUG.MAX_SIZE": 100, "TEST.AUG.MERGE": "box_voting"}),
     ],
-    ids=["proposal_network", "c4", "tta_box_voting"],
+    ids=["proposal_network", "c4", "keypoints", "retinanet", "tta_box_voting"],
 )
 def test_bfloat16_precision_with_every_meta_architecture_and_tta(config, overrides):
     """TEST.PRECISION bfloat16 reaches the network through whatever runs it (a ProposalNetwork, C4
-    heads, the TTA wrapper): bfloat16 features, float32 answers close to float32 inference."""
+    heads, a keypoint head, RetinaNet, the TTA wrapper): bfloat16 features, float32 answers close
+    to float32 inference."""
     torch.manual_seed(0)
     fp32 = Predictor(small_cfg(config, **{"INPUT.MIN_SIZE_TEST": 64, "INPUT.MAX_SIZE_TEST": 100, **overrides}))
     bf16 = Predictor(small_cfg(config, **{"INPUT.MIN_SIZE_TEST": 64, "INPUT.MAX_SIZE_TEST": 100,
@@ -304,3 +308,5 @@ def test_bfloat16_precision_with_every_meta_architecture_and_tta(config, overrid
     key = "objectness_logits" if "objectness_logits" in expected else "scores"
     assert got[key].dtype == np.float32
     np.testing.assert_allclose(np.sort(got[key]), np.sort(expected[key]), atol=0.05 if key == "scores" else 0.5)
+    if "keypoints" in expected:  # decoded in float32, in the original image's pixels
+        assert got["keypoints"].dtype == np.float32 and got["keypoints"].shape == expected["keypoints"].shape
