@@ -97,18 +97,26 @@ def _atomic_write_text(path: str, text: str) -> None:
 def _ctrl_c_deferred(path: str):
     """Let a checkpoint write finish before Ctrl-C stops the process: an interrupt that arrives
     meanwhile is held and raised right after, with a message saying the file is complete (torch's
-    own error from a write cut short reads like disk corruption). Main thread only, as signals."""
+    own error from a write cut short reads like disk corruption). What the process had set up for
+    SIGINT still decides what the held interrupt does: ignored (a job started with nohup or in the
+    background) it is dropped, a handler of the program's own is called. Main thread only, as signals."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     held = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    if previous is None:  # installed from C, not Python: Python's default is the closest
+        previous = signal.default_int_handler
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
-    if held:
-        raise KeyboardInterrupt(f"interrupted while writing {path}; the write was completed first")
+        signal.signal(signal.SIGINT, previous)
+    if not held or previous is signal.SIG_IGN:
+        return
+    if callable(previous) and previous is not signal.default_int_handler:
+        previous(signal.SIGINT, held[0])
+        return
+    raise KeyboardInterrupt(f"interrupted while writing {path}; the write was completed first")
 
 
 # --- reading --------------------------------------------------------------------------------------

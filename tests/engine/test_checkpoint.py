@@ -3,6 +3,7 @@ import logging
 import os
 import pickle
 import random
+import signal
 
 import numpy as np
 import pytest
@@ -275,9 +276,17 @@ def test_a_dangling_last_checkpoint_on_resume_is_an_error_not_a_fresh_start(tmp_
         Checkpointer(Small(), str(tmp_path)).resume_or_load("", resume=True)
 
 
-def test_ctrl_c_during_a_save_finishes_the_file_then_stops_cleanly(tmp_path, monkeypatch):
-    import signal
+@pytest.fixture
+def sigint_handler(request):
+    """SIGINT handled by ``request.param`` during the test (Python's own Ctrl-C handler by
+    default, whatever this process inherited: a background job starts with SIGINT ignored)."""
+    handler = getattr(request, "param", signal.default_int_handler)
+    before = signal.signal(signal.SIGINT, handler)
+    yield handler
+    signal.signal(signal.SIGINT, before)
 
+
+def test_ctrl_c_during_a_save_finishes_the_file_then_stops_cleanly(tmp_path, monkeypatch, sigint_handler):
     model, opt, _ = trained_parts()
     ckpt = Checkpointer(model, str(tmp_path), optimizer=opt)
     real_save = torch.save
@@ -292,3 +301,32 @@ def test_ctrl_c_during_a_save_finishes_the_file_then_stops_cleanly(tmp_path, mon
     monkeypatch.setattr(checkpoint_module.torch, "save", real_save)
     assert Checkpointer(Small(), str(tmp_path)).resume()["iteration"] == 5
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+_CALLED = []
+
+
+@pytest.mark.parametrize(
+    "sigint_handler", [signal.SIG_IGN, lambda signum, frame: _CALLED.append(signum)], ids=["ignored", "own_handler"],
+    indirect=True,
+)
+def test_an_interrupt_during_a_save_does_what_the_process_had_set_up_for_sigint(tmp_path, monkeypatch, sigint_handler):
+    """A job that ignores SIGINT (nohup, background) is not stopped by one held during a save, and
+    a program's own SIGINT handler is called with it instead of a KeyboardInterrupt."""
+    _CALLED.clear()
+    model, opt, _ = trained_parts()
+    real_save = torch.save
+
+    def interrupted_save(obj, f):
+        os.kill(os.getpid(), signal.SIGINT)
+        real_save(obj, f)
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", interrupted_save)
+    try:
+        Checkpointer(model, str(tmp_path), optimizer=opt).save("model_0000005", iteration=5)
+    except KeyboardInterrupt as e:  # a failure of this test, not a stop of the whole session
+        pytest.fail(f"the held interrupt was raised although SIGINT was {sigint_handler!r}: {e}")
+    monkeypatch.setattr(checkpoint_module.torch, "save", real_save)
+    assert Checkpointer(Small(), str(tmp_path)).resume()["iteration"] == 5
+    assert signal.getsignal(signal.SIGINT) is sigint_handler  # restored
+    assert _CALLED == ([] if sigint_handler is signal.SIG_IGN else [signal.SIGINT])
