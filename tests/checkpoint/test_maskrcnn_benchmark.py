@@ -116,6 +116,28 @@ def convert_detectron_pkl(tmp_path, shapes, predictor_blobs, model, head_modules
     return converted, blobs
 
 
+def convert_maskrcnn_benchmark_pth(path, shapes, state, model, head_modules, dropped):
+    """maskrcnn-benchmark's training file at ``path`` (the DDP ``state`` of these ``shapes``)
+    converted for ``model``: checks what every such checkpoint must give (its format, every model
+    tensor filled at its shape less background, exactly ``dropped`` left out, the three notes,
+    the ``head_modules``' (module, _, detcore module) weights and biases in place, background
+    moved last) and returns the converted state."""
+    converted, report = load_converted_state_dict(path, model)
+    assert report.format == "maskrcnn-benchmark"
+    assert report.complete, report.table()
+    assert len(report.notes) == 3, report.notes  # DDP prefix, FrozenBN eps, class order; no settings to fix
+    assert sorted(k for k, _ in report.dropped) == sorted(dropped)
+    model_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert {dst for _, dst, _ in report.mapped} == set(model_shapes)
+    for src, dst, shape in report.mapped:
+        assert model_shapes[dst] == shape == without_background(src, shapes["module." + src]), (src, dst)
+    for mb, _, ours in head_modules:
+        for leaf in ("weight", "bias"):
+            assert torch.equal(converted[f"{ours}.{leaf}"], state[f"module.{mb}.{leaf}"]), (mb, ours)
+    check_class_order(converted)
+    return converted
+
+
 # --- maskrcnn-benchmark .pth -----------------------------------------------------------------------
 def test_maskrcnn_benchmark_pth_fills_the_preset_name_by_name(tmp_path, preset_model):
     shapes = maskrcnn_benchmark_mask_rcnn_r50_fpn_shapes()  # "module." + ... (a DDP model)
@@ -128,21 +150,8 @@ def test_maskrcnn_benchmark_pth_fills_the_preset_name_by_name(tmp_path, preset_m
     scheduler = {"milestones": [60000, 80000], "gamma": 0.1, "last_epoch": 90000, "base_lrs": [0.02]}
     torch.save({"model": model_state, "optimizer": optimizer, "scheduler": scheduler, "iteration": 90000}, path)
 
-    converted, report = load_converted_state_dict(path, preset_model)
-    assert report.format == "maskrcnn-benchmark"
-    assert report.complete, report.table()
-    assert len(report.notes) == 3, report.notes  # DDP prefix, FrozenBN eps, class order; no settings to fix
-    dropped = sorted(k for k, _ in report.dropped)
-    assert dropped == [f"rpn.anchor_generator.cell_anchors.{i}" for i in range(5)]
-    model_shapes = {k: tuple(v.shape) for k, v in preset_model.state_dict().items()}
-    assert {dst for _, dst, _ in report.mapped} == set(model_shapes)
-    for src, dst, shape in report.mapped:
-        assert model_shapes[dst] == shape == without_background(src, shapes["module." + src]), (src, dst)
-
-    for mb, _, ours in HEAD_MODULES:
-        for leaf in ("weight", "bias"):
-            assert torch.equal(converted[f"{ours}.{leaf}"], model_state[f"module.{mb}.{leaf}"]), (mb, ours)
-    check_class_order(converted)
+    dropped = [f"rpn.anchor_generator.cell_anchors.{i}" for i in range(5)]
+    converted = convert_maskrcnn_benchmark_pth(path, shapes, model_state, preset_model, HEAD_MODULES, dropped)
     # Body spot checks: torchvision's layer{k} is res{k+1}; FrozenBN's var lowered by eps.
     body = {
         "stem.conv1.weight": "stem.conv1.weight",

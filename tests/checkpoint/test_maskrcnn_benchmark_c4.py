@@ -8,7 +8,7 @@ theirs does."""
 import pytest
 import torch
 
-from detcore.checkpoint import convert_keys, convert_state_dict, load_converted_state_dict
+from detcore.checkpoint import convert_keys, convert_state_dict
 from detcore.config import get_cfg
 from detcore.modeling import build_model
 
@@ -17,11 +17,10 @@ from .test_maskrcnn_benchmark import (
     EPS,
     REPO,
     _maskrcnn_benchmark_body,
-    check_class_order,
     convert_detectron_pkl,
+    convert_maskrcnn_benchmark_pth,
     numbered,
     numbered_rows,
-    without_background,
 )
 from .zoo_names import caffe2_detectron_mask_rcnn_r50_c4_shapes, maskrcnn_benchmark_mask_rcnn_r50_c4_shapes
 
@@ -82,22 +81,10 @@ def test_maskrcnn_benchmark_c4_pth_fills_the_preset_name_by_name(tmp_path, prese
     path = tmp_path / "model_final.pth"
     torch.save({"model": state, "optimizer": {}, "scheduler": {}, "iteration": 180000}, path)
 
-    converted, report = load_converted_state_dict(path, preset_model)
-    assert report.format == "maskrcnn-benchmark"
-    assert report.complete, report.table()
-    assert len(report.notes) == 3, report.notes  # DDP prefix, FrozenBN eps, class order
     shared = sorted(k[len("module."):] for k in shapes if k.startswith("module." + MASK_RES5))
     assert len(shared) == 3 * 15 + 5  # 3 blocks x (3 convs + 3 norms x 4) + the projection
-    assert sorted(k for k, _ in report.dropped) == sorted(["rpn.anchor_generator.cell_anchors.0"] + shared)
-    model_shapes = {k: tuple(v.shape) for k, v in preset_model.state_dict().items()}
-    assert {dst for _, dst, _ in report.mapped} == set(model_shapes)
-    for src, dst, shape in report.mapped:
-        assert model_shapes[dst] == shape == without_background(src, shapes["module." + src]), (src, dst)
-
-    for mb, _, ours in HEAD_MODULES:
-        for leaf in ("weight", "bias"):
-            assert torch.equal(converted[f"{ours}.{leaf}"], state[f"module.{mb}.{leaf}"]), (mb, ours)
-    check_class_order(converted)
+    dropped = ["rpn.anchor_generator.cell_anchors.0"] + shared
+    converted = convert_maskrcnn_benchmark_pth(path, shapes, state, preset_model, HEAD_MODULES, dropped)
     for mb, _, ours in STAGE_PAIRS:
         assert torch.equal(converted[ours], state["module." + mb]), mb
     for mb, ours in (("backbone.body.layer2.0.downsample.1.running_var", "backbone.res3.0.downsample.1.running_var"),

@@ -170,14 +170,7 @@ def maskrcnn_benchmark_mask_rcnn_r50_fpn_shapes(ddp=True):
     `conv5_mask` / `mask_fcn_logits`). Saved from a DistributedDataParallel model: "module."."""
     s = {"backbone.body.stem.conv1.weight": (64, 3, 7, 7)}
     _norm(s, "backbone.body.stem.bn1", 64)
-    for stage, i, cin, mid, out in _r50_blocks():
-        p = f"backbone.body.layer{stage + 1}.{i}."
-        if i == 0:
-            s[p + "downsample.0.weight"] = (out, cin, 1, 1)
-            _norm(s, p + "downsample.1", out)
-        for j, (co, ci, k) in enumerate(((mid, cin, 1), (mid, mid, 3), (out, mid, 1)), start=1):
-            s[f"{p}conv{j}.weight"] = (co, ci, k, k)
-            _norm(s, f"{p}bn{j}", co)
+    _maskrcnn_benchmark_resnet(s, "backbone.body.", stages=(1, 2, 3, 4))
     for idx, cin in enumerate((256, 512, 1024, 2048), start=1):
         s[f"backbone.fpn.fpn_inner{idx}.weight"] = (256, cin, 1, 1)
         s[f"backbone.fpn.fpn_inner{idx}.bias"] = (256,)
