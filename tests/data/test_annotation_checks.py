@@ -47,7 +47,7 @@ UNUSABLE = [
 
 
 @pytest.mark.parametrize("annotation, reason", UNUSABLE, ids=[r for _, r in UNUSABLE])
-def test_unusable_reason(annotation, reason):
+def test_coco_annotation_reason(annotation, reason):
     assert coco_annotation_reason(annotation, W, H) == reason
 
 
