@@ -112,10 +112,13 @@ POSITIVE = Interval(0.0, INF, lo_open=True)
 
 
 def number_problem(value, bounds=None, allow_inf: bool = False) -> Optional[str]:
-    """Why the number ``value`` is not allowed (NaN; infinite unless ``allow_inf``; outside
-    ``bounds``, an `Interval` or a ``(lo, hi)`` pair), or None."""
+    """Why the number ``value`` is not allowed (NaN; infinite unless ``allow_inf``; an integer
+    beyond 64 bits; outside ``bounds``, an `Interval` or a ``(lo, hi)`` pair), or None."""
     bounds = Interval(*bounds) if bounds is not None else None
-    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        # torch and the compiled ops take 64-bit integers (and floats cannot hold more).
+        return f"must be a 64-bit integer, got one of {len(str(abs(value)))} digits"
+    if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and not allow_inf)):
         return f"must be a finite number{f' in {bounds}' if bounds else ''}, got {value!r}"
     if bounds is None:
         return None

@@ -70,11 +70,12 @@ def default_argument_parser(description: Optional[str] = None) -> argparse.Argum
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config-file", required=True, metavar="FILE", help="path to the yaml config")
-    parser.add_argument(
+    run = parser.add_mutually_exclusive_group()  # each says what to do with a previous run's folder
+    run.add_argument(
         "--resume", action="store_true",
         help="continue from OUTPUT_DIR/last_checkpoint (model, optimizer, schedule, iteration, RNG)",
     )
-    parser.add_argument(
+    run.add_argument(
         "--start-over", action="store_true",
         help="train from scratch into an OUTPUT_DIR that holds a previous run (its files are moved into a "
         "replaced_<time> subfolder); without it, such a folder is refused unless --resume",

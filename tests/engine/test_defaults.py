@@ -238,6 +238,18 @@ def test_default_setup_writes_config_log_and_seeds(tmp_path):
     torch.testing.assert_close(torch.rand(3), a, rtol=0, atol=0)  # same seed, same stream
 
 
+def test_resume_and_start_over_together_are_refused(capsys):
+    # Together, one was silently ignored (--resume won).
+    from detcore.engine import default_argument_parser
+
+    with pytest.raises(SystemExit) as info:
+        default_argument_parser().parse_args(["--config-file", "x.yaml", "--resume", "--start-over"])
+    assert info.value.code == 2
+    assert "argument --start-over: not allowed with argument --resume" in capsys.readouterr().err
+    args = default_argument_parser().parse_args(["--config-file", "x.yaml", "--eval-only", "--resume", "OUTPUT_DIR", "o"])
+    assert (args.resume, args.start_over, args.eval_only, args.opts) == (True, False, True, ["OUTPUT_DIR", "o"])
+
+
 @pytest.mark.slow
 def test_tiny_mask_rcnn_loss_decreases(tiny_cache, tmp_path):
     cfg = make_cfg(tmp_path, TINY_RCNN + [
