@@ -60,6 +60,15 @@ def is_available():
     return _loaded
 
 
+def check_int64(op: str, **values: int) -> None:
+    """The ops' schemas take 64-bit ints; a larger Python int would fail in the dispatcher with
+    "Expected a value of type 'int' ... found type 'int'". Refuse it naming the argument (the
+    C++ checks then say what range each argument may take). Eager mode only."""
+    for name, value in values.items():
+        if not -(2**63) <= value < 2**63:
+            raise OpArgumentError(f"{op}: {name} must be an integer that fits in 64 bits, got {value}")
+
+
 def cuda_kernels_built():
     """Whether this build of _C carries CUDA kernels."""
     return _loaded and torch.ops.detcore._cuda_version() > 0

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch.nn import init
 from torch.nn.modules.utils import _pair
 
-from ._extension import OpArgumentError, ensure_loaded
+from ._extension import OpArgumentError, check_int64, ensure_loaded
 
 
 def deform_conv2d(
@@ -56,6 +56,10 @@ def deform_conv2d(
     stride_h, stride_w = _pair(stride)
     pad_h, pad_w = _pair(padding)
     dil_h, dil_w = _pair(dilation)
+    if not torch.jit.is_scripting():
+        check_int64(
+            "deform_conv2d", stride_h=stride_h, stride_w=stride_w, pad_h=pad_h, pad_w=pad_w, dilation_h=dil_h, dilation_w=dil_w
+        )
     kernel_h, kernel_w = weight.shape[2], weight.shape[3]
     offset_groups = offset.shape[1] // (2 * kernel_h * kernel_w)
     groups = input.shape[1] // weight.shape[1]
