@@ -19,6 +19,7 @@ import glob
 import logging
 import os
 import pickle
+import shutil
 import signal
 import tempfile
 import threading
@@ -208,12 +209,37 @@ class Checkpointer:
         data.update(extra)
         filename = f"{name}.pth"
         path = os.path.join(self.save_dir, filename)
+        previous = self._pointer_text()
         with _ctrl_c_deferred(path):
-            atomic_torch_save(data, path)
-            _atomic_write_text(self._pointer_path(), filename)
+            try:
+                atomic_torch_save(data, path)
+                _atomic_write_text(self._pointer_path(), filename)
+            except Exception as e:  # a full disk reads "enforce fail at inline_container.cc" in torch
+                raise OSError(self._write_failure(path, previous, e)) from e
         self._remove_stale_temp_files()
         logger.info("Saved checkpoint %s", path)
         return path
+
+    def _pointer_text(self) -> Optional[str]:
+        try:
+            with open(self._pointer_path()) as f:
+                return f.read().strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def _write_failure(self, path: str, previous: Optional[str], error: Exception) -> str:
+        """The sentence for a checkpoint that could not be written: the writes are atomic, so
+        the pointer still names the checkpoint it named before, complete."""
+        try:
+            free = f"{shutil.disk_usage(self.save_dir).free / 2**20:.0f} MiB free there"
+        except OSError:
+            free = "free space unknown"
+        kept = (
+            f"{self._pointer_path()} still names {previous}, which is intact"
+            if previous
+            else "there was no earlier checkpoint, and no partial file is left"
+        )
+        return f"Could not write checkpoint {path} ({free}; {type(error).__name__}: {error}). Nothing was replaced: {kept}"
 
     def _remove_stale_temp_files(self) -> None:
         # Left by runs killed mid-save. Only rank 0 of one run writes into save_dir, and its own
@@ -229,10 +255,16 @@ class Checkpointer:
         It must name an existing file inside ``save_dir``; anything else is an error that says
         how to go on (a pointer is never followed out of the folder, nor silently ignored)."""
         pointer = self._pointer_path()
+        self._refuse_link_out_of_the_folder(pointer, pointer)
         try:
             with open(pointer) as f:
                 name = f.read().strip()
         except FileNotFoundError:
+            if os.path.islink(pointer):
+                raise FileNotFoundError(
+                    f"{pointer} is a symbolic link to {os.path.realpath(pointer)}, which does not exist; "
+                    "restore it, or remove the link to start from scratch"
+                ) from None
             return None
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"cannot read {pointer}: {e}") from e
@@ -242,6 +274,7 @@ class Checkpointer:
                 "write the name of one of its model_*.pth files into it, or remove it to start from scratch"
             )
         path = os.path.join(self.save_dir, name)
+        self._refuse_link_out_of_the_folder(path, pointer)
         if not os.path.isfile(path):
             present = sorted(f for f in os.listdir(self.save_dir) if f.endswith(".pth"))
             raise FileNotFoundError(
@@ -250,6 +283,18 @@ class Checkpointer:
                 f"{LAST_CHECKPOINT_FILE}; to start from scratch, remove {pointer}"
             )
         return path
+
+    def _refuse_link_out_of_the_folder(self, link: str, pointer: str) -> None:
+        # A symbolic link (the pointer, or the file it names) into another run's folder would
+        # resume that run's state as if it were this one's.
+        folder, target = os.path.realpath(self.save_dir), os.path.realpath(link)
+        if os.path.islink(link) and os.path.commonpath([folder, target]) != folder:
+            weights = "" if link == pointer else f"; to start from its weights, MODEL.WEIGHTS {target} without --resume"
+            raise ValueError(
+                f"{link} is a symbolic link to {target}, outside {self.save_dir}: --resume follows "
+                f"{LAST_CHECKPOINT_FILE} only to a file inside OUTPUT_DIR. To continue that run, give its folder as "
+                f"OUTPUT_DIR{weights}; or remove {pointer} to start from scratch"
+            )
 
     def has_checkpoint(self) -> bool:
         return self.get_checkpoint_file() is not None
