@@ -64,6 +64,12 @@ def skipped(name: str, why: str) -> Part:
     return Part(name, SKIPPED, note=why)
 
 
+def failed(name: str, why: str) -> Part:
+    """A part that cannot run, for a reason found before starting it."""
+    print(f"  [{name}] failed: {why}", flush=True)
+    return Part(name, FAILED, note=why)
+
+
 def tail_of(path: str, chars: int = TAIL_CHARS) -> str:
     try:
         with open(path, "rb") as f:

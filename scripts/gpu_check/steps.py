@@ -20,7 +20,7 @@ import sys
 import xml.etree.ElementTree as ElementTree
 from typing import Dict, List, Optional
 
-from parts import FAILED, PASSED, SKIPPED, Job, Part, Step, run, shorten, skipped
+from parts import FAILED, PASSED, SKIPPED, Job, Part, Step, failed, run, shorten, skipped
 
 NO_GPU = "no GPU (rehearsal on the CPU)"
 TRAIN_CONFIG = "configs/e2e_mask_rcnn_R_18_FPN_shapes.yaml"
@@ -127,7 +127,7 @@ def step_environment(ctx: Context) -> Step:
     if ctx.rehearse:
         step.parts.append(skipped("build", f"{NO_GPU}: the tests use the _C that setup built"))
     elif arch is None:
-        step.parts.append(Part("build", FAILED, note="no GPU compute capability to build for"))
+        step.parts.append(failed("build", "no GPU compute capability to build for"))
     else:
         ctx.machine["arch_list"] = arch
         env = {**ctx.env, "FORCE_CUDA": "1", "TORCH_CUDA_ARCH_LIST": arch, "MAX_JOBS": str(ctx.cores)}
@@ -159,8 +159,8 @@ def _wheels(ctx: Context) -> Part:
                                  + (f"; missing here: {', '.join(missing)}" if missing else ""))
     if not wheels:
         if missing:
-            return Part("wheels", FAILED, note=f"{', '.join(missing)} not importable and no .whl/*.whl to install "
-                                                "(scripts/prepare_gpu_wheels.sh makes them)")
+            return failed("wheels", f"{', '.join(missing)} not importable and no .whl/*.whl to install "
+                                    "(scripts/prepare_gpu_wheels.sh makes them)")
         return skipped("wheels", "no .whl folder, and nothing missing")
     site = os.path.join(ctx.scratch, "site")
     shutil.rmtree(site, ignore_errors=True)
@@ -331,7 +331,7 @@ def step_sanitizer(ctx: Context) -> Step:
     if ctx.rehearse:
         step.parts += [skipped(f"compute-sanitizer {t}", NO_GPU) for t in SANITIZER_TOOLS]
     elif not compute_sanitizer():
-        step.parts += [Part(f"compute-sanitizer {t}", FAILED, note="compute-sanitizer not found") for t in SANITIZER_TOOLS]
+        step.parts += [failed(f"compute-sanitizer {t}", "compute-sanitizer not found") for t in SANITIZER_TOOLS]
     else:
         step.parts += [ctx.join(f"compute-sanitizer {t}", 240, ok=sanitizer_ok) for t in SANITIZER_TOOLS]
     return step
