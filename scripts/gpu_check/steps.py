@@ -185,8 +185,10 @@ def _missing_modules(ctx: Context, names) -> List[str]:
 
 # ---------------------------------------------------------------------- 2-4 correctness block
 def cuda_test_files(root: str) -> List[str]:
-    """Every test file that carries the `cuda` marker (tests/test_cuda_marker.py makes sure that
-    each file using a CUDA device does), but the emulation's, which step 3 runs."""
+    """Every test file that names the `cuda` marker (tests/test_cuda_marker.py makes sure that
+    each file using a CUDA device does), but the emulation's, which step 3 runs; `-m cuda` then
+    selects the marked tests among them. Not the whole of tests/: collecting it imports every
+    test module (slower, and one that fails to import there would stop pytest before any test)."""
     files = []
     for path in sorted(glob.glob(os.path.join(root, "tests", "**", "test_*.py"), recursive=True)):
         with open(path) as f:
@@ -250,7 +252,7 @@ def step_correctness(ctx: Context, job: Optional[Job]) -> Step:
     if ctx.rehearse:
         def collected(text):
             m = re.search(r"(\d+)(?:/\d+)? tests? (?:collected|selected)", text)
-            return True, f"{NO_GPU}: collected {m.group(1) if m else '?'} tests in {len(files)} files, none run"
+            return True, f"{NO_GPU}: collected {m.group(1) if m else '?'} tests marked cuda, none run"
 
         part = ctx.run("pytest -m cuda (collect only)", ctx.py("-m", "pytest", "-m", "cuda", "--collect-only", "-q",
                                                                 "-p", "no:cacheprovider", *files), 120, ok=collected)
