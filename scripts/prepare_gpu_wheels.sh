@@ -8,6 +8,9 @@
 #
 #   bash scripts/prepare_gpu_wheels.sh            # -> .whl/yacs-*.whl, .whl/pycocotools-*.whl
 #
+# It ends by printing the size of what a run call sends (the tree git would see plus .whl), and
+# fails above the 64 MiB limit.
+#
 # What the machine lacks of what detcore and the GPU check need: yacs (the config) and
 # pycocotools (COCO evaluation in step 6). cityscapesscripts, imgviz and imgsim are used only by
 # tests the check does not run.
@@ -45,6 +48,13 @@ if [ "$count" -ne "${#PACKAGES[@]}" ]; then
   echo "prepare_gpu_wheels: expected ${#PACKAGES[@]} wheels, found $count" >&2
   status=1
 fi
-du -ch .whl/*.whl | tail -1
 ls .whl
+# What a run call sends: tracked and untracked-not-ignored files, plus the carried .whl: at most 64 MiB.
+tree=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- | tail -1 | cut -f1)
+wheels=$(du -sb .whl | cut -f1)
+echo "travels: $(( (tree + wheels) / 1024 )) KiB (tree $(( tree / 1024 )) KiB, .whl $(( wheels / 1024 )) KiB) of 65536 KiB"
+if [ $(( tree + wheels )) -gt $(( 64 * 1024 * 1024 )) ]; then
+  echo "prepare_gpu_wheels: over the 64 MiB that a run call may send" >&2
+  status=1
+fi
 exit $status
