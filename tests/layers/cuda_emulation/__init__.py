@@ -28,8 +28,12 @@ SOURCES = [
     )
 ]
 # -ffp-contract=off: a * b + c is two roundings, never an FMA (see cuda_emulation.h).
-FLAGS = ["-O2", "-ffp-contract=off"]
-TSAN_FLAGS = ["-O1", "-g", "-ffp-contract=off", "-fsanitize=thread"]
+# float-cast-overflow: a float to integer conversion out of range (or of NaN) is undefined on the
+# host and saturates on the GPU; device code converts through float_to_int.h, and any raw
+# conversion left that overflows stops the process with a report (no recovery: it cannot pass).
+CAST_CHECK = ["-fsanitize=float-cast-overflow", "-fno-sanitize-recover=float-cast-overflow"]
+FLAGS = ["-O2", "-ffp-contract=off", *CAST_CHECK]
+TSAN_FLAGS = ["-O1", "-g", "-ffp-contract=off", "-fsanitize=thread", *CAST_CHECK]
 
 
 def tsan_requested():
@@ -78,7 +82,7 @@ def load():
             name=name,
             sources=SOURCES,
             extra_cflags=flags,
-            extra_ldflags=["-fsanitize=thread"] if tsan else [],
+            extra_ldflags=[*(["-fsanitize=thread"] if tsan else []), CAST_CHECK[0]],
             extra_include_paths=[ROOT],
             build_directory=build_directory(name, flags),
             is_python_module=False,
@@ -95,3 +99,4 @@ def fma_probe():
         subprocess.run(["g++", *flags, "-I", ROOT, source, "-o", path + ".tmp"], check=True)
         os.replace(path + ".tmp", path)  # whole, even if another test run builds it too
     return path
+
