@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "argument_error.h"
+#include "roi_align_common.h"
 
 namespace detcore {
 
@@ -17,6 +18,9 @@ namespace detcore {
 // huge roi or spatial_scale would otherwise loop for hours, uninterruptibly, or exhaust memory.
 constexpr int64_t kMaxSamplingRatio = 128;
 constexpr int64_t kMaxSamplesPerBin = kMaxSamplingRatio * kMaxSamplingRatio;
+static_assert(
+    kMaxSamplesPerBin < kRoiAlignMaxGridSide,
+    "the kernels' clamp of an adaptive grid (roi_align_common.h) must change no admitted roi");
 
 // The kernels' floating types (the CUDA ones also take half and bfloat16). Others that pass
 // is_floating_point (float8) would fail inside the dtype dispatch with a bare error.

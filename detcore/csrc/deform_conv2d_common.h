@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "float_to_int.h"
 #include "rounded_ops.h"
 
 namespace detcore {
@@ -51,8 +52,8 @@ DETCORE_HOST_DEVICE DeformSample<T> deform_sample(int64_t height, int64_t width,
   }
   const T fy = floor(y);
   const T fx = floor(x);
-  s.y_low = static_cast<int64_t>(fy);
-  s.x_low = static_cast<int64_t>(fx);
+  s.y_low = float_to_int<int64_t>(fy);
+  s.x_low = float_to_int<int64_t>(fx);
   s.ly = sub_rn(y, fy);
   s.lx = sub_rn(x, fx);
   const T hy = sub_rn(T(1), s.ly);
