@@ -129,30 +129,32 @@ def test_exported_program_file_equals_eager(exported, short_side):
         _assert_same_detections([t.numpy() for t in loaded(image)], detector(image), detector.mask_on)
 
 
-def test_torchscript_file_equals_eager_in_a_fresh_process(exported, tmp_path):
-    """The .ts file, loaded by a process that only imports detcore (for its ops) and torch: the
-    ExportedProgram's outputs bit for bit, hence eager's detections, at sizes not seen at export."""
-    _, detector, program, _ = exported
+def test_the_files_load_in_a_fresh_process_that_imports_only_detcore(exported, tmp_path):
+    """The .ts and .pt2 files, loaded as export.json says (``import detcore``, then torch.jit.load or
+    torch.export.load) by a process that imports nothing else: the ExportedProgram's outputs bit
+    for bit, hence eager's detections, at sizes not seen at export."""
+    _, detector, program, program_path = exported
     model_path, images_path, outputs_path = (str(tmp_path / name) for name in ("model.ts", "images.pt", "outputs.pt"))
     torch.jit.save(script_exported_program(program), model_path)
     images = [_chw(_photo(short_side)) for short_side in (128, 224)]
     torch.save(images, images_path)
     script = (
-        "import sys, torch, detcore.layers\n"
-        "model = torch.jit.load(sys.argv[1])\n"
+        "import sys, torch, detcore\n"
+        "scripted, loaded = torch.jit.load(sys.argv[1]), torch.export.load(sys.argv[2]).module()\n"
         "with torch.no_grad():\n"
-        "    torch.save([model(image) for image in torch.load(sys.argv[2])], sys.argv[3])\n"
+        "    torch.save([(scripted(image), loaded(image)) for image in torch.load(sys.argv[3])], sys.argv[4])\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script, model_path, images_path, outputs_path], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-c", script, model_path, program_path, images_path, outputs_path],
+        capture_output=True, text=True, cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    for image, outputs in zip(images, torch.load(outputs_path)):
-        assert isinstance(outputs, tuple) and len(outputs) == len(detector.output_names)
+    for image, (scripted, loaded) in zip(images, torch.load(outputs_path)):
+        assert isinstance(scripted, tuple) and len(scripted) == len(detector.output_names)
         with torch.no_grad():
-            for got, expected in zip(outputs, program.module()(image)):
-                assert torch.equal(got, expected)
-            _assert_same_detections([t.numpy() for t in outputs], detector(image), detector.mask_on)
+            for got_scripted, got_loaded, expected in zip(scripted, loaded, program.module()(image)):
+                assert torch.equal(got_scripted, expected) and torch.equal(got_loaded, expected)
+            _assert_same_detections([t.numpy() for t in scripted], detector(image), detector.mask_on)
 
 
 def test_torchscript_names_a_wrong_input(exported):
