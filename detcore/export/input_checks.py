@@ -77,8 +77,11 @@ def input_contracts(program: torch.export.ExportedProgram) -> List[InputContract
                     "independent bounded sizes can be checked outside torch"
                 )
             symbols.add(expr)
-            bound = program.range_constraints[expr]
-            bounds.append((int(bound.lower), None if bound.upper in (int_oo, sympy.oo) else int(bound.upper)))
+            bound = program.range_constraints.get(expr)
+            if bound is None:  # no constraint recorded: any size
+                bounds.append((0, None))
+            else:
+                bounds.append((int(bound.lower), None if bound.upper in (int_oo, sympy.oo) else int(bound.upper)))
         contracts.append(InputContract(node.name, example.dtype, tuple(bounds)))
     return contracts
 

@@ -18,6 +18,7 @@ tracing: TEST.AUG.ENABLED (the graph runs the model once; test-time augmentation
 scales, which the graph leaves to the caller), a folder that already holds an export (unless
 ``overwrite``), and a folder it cannot write to.
 """
+import errno
 import os
 import platform
 import tempfile
@@ -99,23 +100,25 @@ def _existing_export(output_dir: str, fmt: str) -> list:
 def _prepare_output_dir(output_dir: str, fmt: str, overwrite: bool) -> None:
     """Refuse, before anything is traced, a folder holding an export (unless ``overwrite``) and one
     that cannot be written to; create it if missing."""
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+    folder = output_dir or "."
+    if os.path.exists(folder) and not os.path.isdir(folder):
         raise NotADirectoryError(f"export_model: the output {output_dir!r} exists and is not a folder")
-    existing = _existing_export(output_dir, fmt) if os.path.isdir(output_dir) else []
+    existing = _existing_export(folder, fmt) if os.path.isdir(folder) else []
     if existing and not overwrite:
         raise FileExistsError(
             f"export_model: {output_dir!r} already holds an export ({', '.join(existing)}); nothing was changed. "
             "Choose another folder, or replace it with overwrite=True (tools/export_model.py: --overwrite)"
         )
     try:
-        os.makedirs(output_dir, exist_ok=True)
+        os.makedirs(folder, exist_ok=True)
         # Whether a file can be made there, rather than the permission bits: root, ACLs,
         # read-only mounts.
-        probe, probe_path = tempfile.mkstemp(dir=output_dir, prefix=".export_model_probe.")
+        probe, probe_path = tempfile.mkstemp(dir=folder, prefix=".export_model_probe.")
         os.close(probe)
         os.unlink(probe_path)
     except OSError as e:
-        raise PermissionError(
+        denied = isinstance(e, PermissionError) or e.errno == errno.EROFS
+        raise (PermissionError if denied else OSError)(
             f"export_model: cannot write into the output folder {output_dir!r} ({e.strerror or e}); "
             "choose a folder you can write to"
         ) from e

@@ -92,14 +92,18 @@ def _check_input(value: Tensor, dtype: torch.dtype, lows: List[int], highs: List
 
 
 def _check_inputs_first(program: torch.export.ExportedProgram, graph: fx.Graph) -> None:
-    placeholders = {node.name: node for node in graph.nodes if node.op == "placeholder"}
-    with graph.inserting_after(list(placeholders.values())[-1]):
-        for contract in reversed(input_contracts(program)):
+    # The module's placeholders are the program's user inputs, in order.
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    contracts = input_contracts(program)
+    if len(placeholders) != len(contracts):
+        raise NotImplementedError(
+            f"script_exported_program: the graph takes {len(placeholders)} inputs, the program {len(contracts)}"
+        )
+    with graph.inserting_after(placeholders[-1]):
+        for node, contract in reversed(list(zip(placeholders, contracts))):
             lows = [low for low, _ in contract.bounds]
             highs = [-1 if high is None else high for _, high in contract.bounds]
-            graph.call_function(
-                _check_input, (placeholders[contract.name], contract.dtype, lows, highs, contract.describe())
-            )
+            graph.call_function(_check_input, (node, contract.dtype, lows, highs, contract.describe()))
 
 
 def _move_attribute(module: torch.nn.Module, target: str, root: torch.nn.Module) -> str:
