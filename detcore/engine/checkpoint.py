@@ -6,8 +6,9 @@ fsynced, then renamed over the final name (``os.replace``, atomic on POSIX), and
 the previous checkpoint or the new one, never a torn file, and the pointer always names a
 complete checkpoint.
 
-Every file is read with ``torch.load(weights_only=True)``: only tensors and plain containers
-are unpickled, so a checkpoint cannot run code. That is why RNG states are stored as tensors and
+Every file is read as detcore reads any checkpoint (``detcore.checkpoint.io``): judged by type,
+then ``torch.load(weights_only=True)``: only tensors and plain containers are unpickled, so a
+checkpoint cannot run code or allocate by a number it declares. That is why RNG states are stored as tensors and
 tuples (``detcore.utils.comm.rng_states``) and no config object is pickled.
 
 ``load_model_weights(model, path)`` is the one entry point for initializing a model from a file
@@ -18,7 +19,6 @@ import contextlib
 import glob
 import logging
 import os
-import pickle
 import shutil
 import signal
 import tempfile
@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from detcore.checkpoint import LoadReport, convert_state_dict, load_converted_state_dict
-from detcore.checkpoint.io import describe_file
+from detcore.checkpoint.io import load_checkpoint_object
 from detcore.utils import comm
 
 __all__ = [
@@ -122,20 +122,10 @@ def _ctrl_c_deferred(path: str):
 
 # --- reading --------------------------------------------------------------------------------------
 def load_checkpoint_file(path: str) -> Any:
-    """``torch.load(path, map_location="cpu", weights_only=True)`` with errors that say why."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint file not found: {path!r}")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch.load fails in many ways on files that are not checkpoints
-        kind = describe_file(path)
-        if isinstance(e, pickle.UnpicklingError) and kind.startswith(("a zip archive of", "a Python pickle")):
-            raise pickle.UnpicklingError(
-                f"Refusing to load {path!r}: it holds objects other than tensors and plain containers, "
-                f"and loading them could run arbitrary code (torch.load weights_only=True said: {e})"
-            ) from e
-        raise ValueError(f"Cannot read checkpoint {path!r}: it seems to be {kind} ({type(e).__name__}: {e})") from e
+    """The object in a checkpoint file, read as every checkpoint is
+    (``detcore.checkpoint.io.load_checkpoint_object``: judged by type first, then
+    ``torch.load(weights_only=True)``), with errors that name the file and say why."""
+    return load_checkpoint_object(os.fspath(path))
 
 
 def load_model_weights(model: nn.Module, path: str, *, strict: bool = False) -> LoadReport:
