@@ -38,6 +38,11 @@ def deform_conv2d(
         mask: optional Tensor[N, offset_groups * kh * kw, out_h, out_w] of modulation scalars.
 
     Samples outside the map read as zero. Returns Tensor[N, out_channels, out_h, out_w].
+
+    At a sampling point on an integer coordinate (where the bilinear blend has a kink) the offset
+    gradient is the right derivative, as torchvision's, also at the border: a tap exactly at -1
+    (zero offsets over the padding: a freshly initialised offset conv) gets the slope towards the
+    map, where mmcv gives 0; a tap at H or W gets 0.
     """
     if not torch.jit.is_scripting():  # TorchScript cannot read the loader's state
         ensure_loaded()
