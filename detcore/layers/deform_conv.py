@@ -55,7 +55,8 @@ def deform_conv2d(
         )
     if offset.dim() != 4:
         raise OpArgumentError(
-            "deform_conv2d: offset must have shape [N, 2 * offset_groups * kh * kw, out_h, out_w], got "
+            "deform_conv2d: the shape of the offset is not valid: offset must have shape "
+            "[N, 2 * offset_groups * kh * kw, out_h, out_w], got "
             + str(offset.shape)
         )
     stride_h, stride_w = _pair(stride)
@@ -66,7 +67,8 @@ def deform_conv2d(
     groups = input.shape[1] // weight.shape[1]
     if offset_groups == 0:
         raise OpArgumentError(
-            "deform_conv2d: offset.shape[1] must be a positive multiple of 2 * kh * kw = "
+            "deform_conv2d: the shape of the offset is not valid: offset.shape[1] must be a positive "
+            "multiple of 2 * kh * kw = "
             + str(2 * kernel_h * kernel_w) + ", got " + str(offset.shape[1])
         )
     return torch.ops.detcore.deform_conv2d(

@@ -376,6 +376,26 @@ def test_bad_input_raises_value_error_naming_the_argument(case):
         deform_conv2d(**args)
 
 
+def test_wrong_shapes_say_torchvisions_words():
+    """torchvision's test_wrong_sizes matches "the shape of the offset" (an offset of 2 channels
+    for a 3x2 kernel) and "mask.shape[1] is not valid"; detcore's messages hold those words and
+    still name the expected shape. Each is a RuntimeError, as torchvision's."""
+    x, offset, _, _, mask, kw = _inputs(CONFIGS[1], 92)  # 6 -> 4 channels, 3x2, groups 2, og 3
+    layer = DeformConv2d(6, 4, (3, 2), groups=2, **kw).double()
+    cases = [
+        (offset[:, :2], None, r"the shape of the offset is not valid: offset.shape\[1\] must be a positive multiple of 2 \* kh \* kw = 12, got 2"),
+        (offset[:, :17], None, r"the shape of the offset is not valid: offset must have shape \[2, 12, 5, 7\]"),
+        (offset[:, :, :-1], None, r"the shape of the offset is not valid: offset must have shape \[2, 36, 5, 7\]"),
+        (offset, mask[:, :2], r"the shape of the mask is not valid \(mask.shape\[1\] is not valid\): mask must have shape \[2, 18, 5, 7\]"),
+        (offset, mask[:1], r"the shape of the mask is not valid: mask must have shape \[2, 18, 5, 7\]"),
+    ]
+    for off, m, match in cases:
+        with pytest.raises(RuntimeError, match=match):
+            layer(x, off, m)
+    with pytest.raises(RuntimeError, match="the shape of the offset"):
+        torch.ops.detcore.deform_conv2d(x, layer.weight, offset[0], None, None, 2, 1, 1, 0, 1, 2, 2, 3)
+
+
 def test_groups_must_divide_output_channels():
     x, offset, _, _, _, kw = _inputs(CONFIGS[1], 91)  # 6 input channels
     with pytest.raises(ValueError, match="divisible by groups"):

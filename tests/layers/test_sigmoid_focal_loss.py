@@ -456,7 +456,7 @@ def test_bad_arguments_name_what_is_wrong():
     _raises(r"sigmoid_focal_loss: targets must have the shape of inputs, got inputs \[4, 3\] and targets \[4, 1\]", x, t[:, :1])
     _raises(r"targets must have the dtype of inputs \(Float\), got Long", x, t.long())
     _raises(r"inputs must be float32, float64, float16 or bfloat16 logits, got Long", x.long(), t.long())
-    _raises("reduction must be 'none', 'mean' or 'sum', got 'average'", x, t, reduction="average")
+    _raises("Invalid value for reduction: it must be 'none', 'mean' or 'sum', got 'average'", x, t, reduction="average")
     for alpha in (1.5, float("nan"), float("inf")):
         _raises(r"alpha must be in \[0, 1\], or negative for no alpha weighting", x, t, alpha=alpha)
     for gamma in (-1.0, float("nan"), float("inf")):
@@ -465,9 +465,10 @@ def test_bad_arguments_name_what_is_wrong():
 
 @needs_torchvision
 def test_bad_reduction_is_a_value_error_like_torchvision():
+    """torchvision's own test matches "Invalid" in the message of a bad reduction."""
     x, t = torch.zeros(4, 3), torch.zeros(4, 3)
     for fn in (sigmoid_focal_loss, tv_focal_loss):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="Invalid"):
             fn(x, t, reduction="average")
         with pytest.raises(ValueError):  # torchvision: "Target size ... must be the same"
             fn(x, t[:, :2])
