@@ -6,8 +6,13 @@
 
 ``make_detection_train_loader`` / ``make_detection_test_loader`` take plain arguments (records,
 mapper, batch size...); the ``build_*`` functions translate the config into them.
+
+Workers end with the main process (``detcore.utils.processes.exit_with_parent``): one blocked on
+a dead main process would otherwise wait forever.
 """
+import functools
 import logging
+import os
 import pickle
 from typing import Callable, List, Optional, Sequence, Union
 
@@ -16,6 +21,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from detcore.config.choices import TRAIN_SAMPLERS
+from detcore.utils.processes import exit_with_parent
 from detcore.utils.registry import build_from_config
 
 from .catalog import DatasetCatalog, MetadataCatalog
@@ -85,10 +91,16 @@ def trivial_batch_collator(batch: List[dict]) -> List[dict]:
     return batch
 
 
-def _worker_init(worker_id: int) -> None:
+def _worker_init(worker_id: int, main_pid: Optional[int] = None) -> None:
+    exit_with_parent(main_pid)
     # Augmentations draw from np.random: give every worker its own stream, derived from the
     # per-worker torch seed (which itself derives from the main process' torch RNG).
     np.random.seed(torch.initial_seed() % 2**32)
+
+
+def _worker_init_fn():
+    # Bound to this process' pid: a worker checks that the process that made the loader lives.
+    return functools.partial(_worker_init, main_pid=os.getpid())
 
 
 def get_detection_dataset_dicts(names: Union[str, Sequence[str]], filter_empty: bool = True) -> List[dict]:
@@ -188,7 +200,7 @@ def make_detection_train_loader(
         batch_sampler=batch_sampler,
         num_workers=num_workers,
         collate_fn=trivial_batch_collator,
-        worker_init_fn=_worker_init,
+        worker_init_fn=_worker_init_fn(),
     )
 
 
@@ -208,7 +220,7 @@ def make_detection_test_loader(
         drop_last=False,
         num_workers=num_workers,
         collate_fn=trivial_batch_collator,
-        worker_init_fn=_worker_init,
+        worker_init_fn=_worker_init_fn(),
     )
 
 
