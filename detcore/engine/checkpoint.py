@@ -162,9 +162,10 @@ def load_model_weights(model: nn.Module, path: str, *, strict: bool = False) -> 
 class Checkpointer:
     """Saves and restores everything a run needs to continue where it stopped.
 
-    A checkpoint holds "model", "optimizer", "scheduler", "grad_scaler" (the ones given),
-    "rng_states" (python / numpy / torch / CUDA, one entry per rank) and whatever ``save`` gets as
-    keyword arguments (the trainer passes ``iteration``). ``save`` must be called on every rank
+    A checkpoint holds "model", "optimizer", "scheduler", "grad_scaler", "trainer" (the ones
+    given; "trainer" is ``SimpleTrainer.state_dict()``: the run's seed), "rng_states" (python /
+    numpy / torch / CUDA, one entry per rank) and whatever ``save`` gets as keyword arguments (the
+    trainer passes ``iteration``). ``save`` must be called on every rank
     (it gathers the RNG states); only rank 0 writes.
     """
 
@@ -176,6 +177,7 @@ class Checkpointer:
         optimizer: Optional[torch.optim.Optimizer] = None,
         scheduler: Optional[Any] = None,
         grad_scaler: Optional[Any] = None,
+        trainer: Optional[Any] = None,
         save_to_disk: Optional[bool] = None,
     ):
         self.model = comm.unwrap_model(model)
@@ -183,6 +185,7 @@ class Checkpointer:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.grad_scaler = grad_scaler
+        self.trainer = trainer
         self.save_to_disk = comm.is_main_process() if save_to_disk is None else save_to_disk
 
     def _pointer_path(self) -> str:
@@ -202,7 +205,7 @@ class Checkpointer:
                 f"Refusing to write checkpoint {name}: the model has infinite or NaN weights ({shown}); "
                 f"the last checkpoint in {self.save_dir} is the last good state"
             )
-        for key, obj in (("optimizer", self.optimizer), ("scheduler", self.scheduler), ("grad_scaler", self.grad_scaler)):
+        for key, obj in self._checkpointables():
             if obj is not None:
                 data[key] = obj.state_dict()
         data["rng_states"] = rng
@@ -240,6 +243,12 @@ class Checkpointer:
             else "there was no earlier checkpoint, and no partial file is left"
         )
         return f"Could not write checkpoint {path} ({free}; {type(error).__name__}: {error}). Nothing was replaced: {kept}"
+
+    def _checkpointables(self):
+        return (
+            ("optimizer", self.optimizer), ("scheduler", self.scheduler), ("grad_scaler", self.grad_scaler),
+            ("trainer", self.trainer),
+        )
 
     def _remove_stale_temp_files(self) -> None:
         # Left by runs killed mid-save. Only rank 0 of one run writes into save_dir, and its own
@@ -300,8 +309,8 @@ class Checkpointer:
         return self.get_checkpoint_file() is not None
 
     def resume(self, path: Optional[str] = None) -> Dict[str, Any]:
-        """Restore model, optimizer, scheduler, grad scaler and RNG states from ``path`` (default:
-        the last checkpoint). Returns the other entries (e.g. ``iteration``).
+        """Restore model, optimizer, scheduler, grad scaler, trainer and RNG states from ``path``
+        (default: the last checkpoint). Returns the other entries (e.g. ``iteration``).
 
         The model must match the checkpoint exactly: resuming a different model is an error.
         """
@@ -315,7 +324,7 @@ class Checkpointer:
         if not report.complete:
             raise ValueError(f"Cannot resume from {path!r}: it does not match the model.\n{report.table()}")
         self.model.load_state_dict(usable)
-        for key, obj in (("optimizer", self.optimizer), ("scheduler", self.scheduler), ("grad_scaler", self.grad_scaler)):
+        for key, obj in self._checkpointables():
             state = data.pop(key, None)
             if obj is None:
                 continue

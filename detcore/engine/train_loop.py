@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from detcore.config.choices import AMP_DTYPES
-from detcore.utils import comm
+from detcore.data.samplers import TrainingBatchSampler
+from detcore.utils import comm, rng
 
 from .events import EventStorage, get_event_storage
 
@@ -130,6 +131,15 @@ class SimpleTrainer(TrainerBase):
             ("float16" or "bfloat16") on the model's device type. float16 also gets a
             ``GradScaler``, which scales the loss so small gradients do not flush to zero and
             skips steps whose gradients overflowed.
+        seed: the run's seed (an int >= 0), or None. With a seed, each step's random draws (the
+            model's sampling of anchors and proposals...) come from python / numpy / torch
+            seeded with (seed, rank, iteration), and a data loader whose ``batch_sampler`` is a
+            ``TrainingBatchSampler`` is set to this seed; ``state_dict`` holds it.
+
+    The data stream starts at the batch of the first iteration run: with a
+    ``TrainingBatchSampler``, a trainer whose first step is iteration ``k`` (a resumed run) gets
+    batch ``k``. With the seed too, step ``k`` is then computed from the same inputs, weights,
+    optimizer state and random draws whether the run got there in one go or was resumed.
 
     Divergence stops training with a ``FloatingPointError`` that names the iteration and the
     losses, before anything non-finite reaches the weights: a loss that is NaN or infinite (on
@@ -148,8 +158,12 @@ class SimpleTrainer(TrainerBase):
         grad_clipper: Optional[Callable[[Iterable[torch.Tensor]], None]] = None,
         amp_enabled: bool = False,
         amp_dtype: str = "float16",
+        seed: Optional[int] = None,
     ):
         super().__init__()
+        if seed is not None and (not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"SimpleTrainer: seed must be an int >= 0 or None, got {seed!r}")
+        self.seed = seed
         if amp_dtype not in _AMP_DTYPES:
             raise ValueError(f"SOLVER.AMP.DTYPE must be one of {sorted(_AMP_DTYPES)}, got {amp_dtype!r}")
         self.model = model
@@ -171,9 +185,13 @@ class SimpleTrainer(TrainerBase):
             raise RuntimeError("SimpleTrainer: the model is in eval mode; call model.train() before training")
         start = time.perf_counter()
         if self._data_loader_iter is None:
-            self._data_loader_iter = iter(self.data_loader)
+            self._data_loader_iter = iter(self._start_data_stream())
         data = next(self._data_loader_iter)
         data_time = time.perf_counter() - start
+        if self.seed is not None:
+            # After loading: whatever ran since the last step (loader start, evaluation, hooks)
+            # does not change this step's draws.
+            rng.seed_global_rngs(self.seed, rng.STEP, comm.get_rank(), self.iter)
 
         try:
             with torch.autocast(device_type=self.device_type, dtype=self.amp_dtype, enabled=self.amp_enabled):
@@ -216,6 +234,30 @@ class SimpleTrainer(TrainerBase):
         storage.put_scalar("total_loss", sum(reduced.values()))
         storage.put_scalars(**reduced)
         storage.put_scalar("data_time", data_time)
+
+    def _start_data_stream(self) -> Iterable:
+        batches = getattr(self.data_loader, "batch_sampler", None)
+        if isinstance(batches, TrainingBatchSampler):
+            if self.seed is not None:
+                batches.seed = self.seed
+            batches.start_at(self.iter)
+            if self.iter > 0:
+                logger.info("The training stream continues at batch %d (the earlier ones are skipped unread)", self.iter)
+        elif self.iter > 0:
+            logger.warning(
+                "Starting at iteration %d with a data loader that cannot start at a given batch (its batch_sampler is "
+                "not a TrainingBatchSampler): the data stream starts from its beginning, so this run will not match an "
+                "uninterrupted one", self.iter,
+            )
+        return self.data_loader
+
+    def state_dict(self) -> dict:
+        """What a checkpoint needs to continue this trainer's random streams: the seed."""
+        return {"seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("seed") is not None:
+            self.seed = int(state["seed"])
 
     def _params(self) -> List[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]

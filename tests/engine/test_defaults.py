@@ -11,8 +11,9 @@ import time
 import pytest
 import torch
 
-from detcore.engine import DefaultTrainer, default_setup
+from detcore.engine import DefaultTrainer, default_setup, seed_all_rng
 from detcore.engine.checkpoint import LAST_CHECKPOINT_FILE, load_checkpoint_file
+from detcore.engine.train_loop import HookBase
 from detcore.utils.plotting import read_metrics
 
 from .toy_model import REPO, TINY_RCNN, TINY_VAL, TOY, ToyDetector, make_cfg, subprocess_env
@@ -103,6 +104,65 @@ def test_resume_continues_and_rewrites_redone_metrics(tiny_cache, tmp_path):
     iterations = [r["iteration"] for r in read_metrics(str(tmp_path / "metrics.json")) if "total_loss" in r]
     assert iterations == list(range(8))
     assert load_checkpoint_file(str(tmp_path / "model_final.pth"))["iteration"] == 7
+
+
+class _Crash(HookBase):
+    """Raises before iteration ``at``: a run that died there (its last checkpoint is older)."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def before_step(self):
+        if self.trainer.iter == self.at:
+            raise RuntimeError("crash")
+
+
+class _Losses(HookBase):
+    """Keeps each iteration's total loss as computed (metrics.json has medians over a window)."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def after_step(self):
+        self.seen[self.trainer.iter] = self.trainer.storage.history("total_loss").latest()
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_resumed_run_is_bit_identical_to_an_uninterrupted_one(tiny_cache, tmp_path, workers):
+    # The resumed run must continue the data order, the augmentations and the model's random
+    # draws (the toy's dropout) as if it had never stopped; the training stream used to restart
+    # from its beginning on resume. The evaluation after iteration 5 draws from the process'
+    # RNG in the uninterrupted run only.
+    opts = ["SOLVER.MAX_ITER", "9", "SOLVER.CHECKPOINT_PERIOD", "3", "LOG_PERIOD", "1", "TEST.EVAL_PERIOD", "3",
+            "DATALOADER.NUM_WORKERS", workers, "INPUT.MIN_SIZE_TRAIN", "(56, 64, 72)"]
+    seed_all_rng(7)  # as default_setup does: the same initial weights
+    whole = DefaultTrainer(toy_cfg(tmp_path / "whole", *opts))
+    whole.resume_or_load(resume=False)
+    whole_losses = _Losses()
+    whole.register_hooks([whole_losses])
+    whole.train()
+
+    seed_all_rng(7)
+    cut = DefaultTrainer(toy_cfg(tmp_path / "cut", *opts))
+    cut.resume_or_load(resume=False)
+    cut.register_hooks([_Crash(at=7)])
+    with pytest.raises(RuntimeError, match="crash"):
+        cut.train()
+    assert (tmp_path / "cut" / LAST_CHECKPOINT_FILE).read_text() == "model_0000005.pth"
+    torch.rand(10)  # what the process drew meanwhile does not matter
+    resumed = DefaultTrainer(toy_cfg(tmp_path / "cut", *opts))
+    resumed.resume_or_load(resume=True)
+    assert resumed.start_iter == 6
+    resumed_losses = _Losses()
+    resumed.register_hooks([resumed_losses])
+    resumed.train()
+
+    expected = load_checkpoint_file(str(tmp_path / "whole" / "model_final.pth"))["model"]
+    got = load_checkpoint_file(str(tmp_path / "cut" / "model_final.pth"))["model"]
+    assert expected.keys() == got.keys()
+    for k in expected:
+        assert torch.equal(expected[k], got[k]), k
+    assert resumed_losses.seen == {i: whole_losses.seen[i] for i in (6, 7, 8)}
 
 
 def test_resuming_a_finished_run_evaluates_it_again_and_keeps_its_files(tiny_cache, tmp_path):
