@@ -30,6 +30,7 @@ from torch import nn
 
 from detcore.checkpoint import LoadReport, convert_state_dict, load_converted_state_dict
 from detcore.checkpoint.io import describe_file
+from detcore.solver.resume import load_optimizer_state, load_scheduler_state
 from detcore.utils import comm
 
 __all__ = [
@@ -312,6 +313,11 @@ class Checkpointer:
         """Restore model, optimizer, scheduler, grad scaler, trainer and RNG states from ``path``
         (default: the last checkpoint). Returns the other entries (e.g. ``iteration``).
 
+        The optimizer and the LR schedule keep the settings they were built with (this run's
+        config: LR, steps, warmup, momentum, weight decay) and take their state and position from
+        the checkpoint (``detcore.solver.resume``); settings that differ from the checkpoint's are
+        logged in a warning.
+
         The model must match the checkpoint exactly: resuming a different model is an error.
         """
         path = path or self.get_checkpoint_file()
@@ -324,6 +330,7 @@ class Checkpointer:
         if not report.complete:
             raise ValueError(f"Cannot resume from {path!r}: it does not match the model.\n{report.table()}")
         self.model.load_state_dict(usable)
+        changed = []
         for key, obj in self._checkpointables():
             state = data.pop(key, None)
             if obj is None:
@@ -332,8 +339,18 @@ class Checkpointer:
                 logger.warning("%s has no '%s' state; it starts fresh", path, key)
             elif key == "grad_scaler" and not state:
                 continue  # saved from a run without a scaler
+            elif key == "optimizer":
+                changed += [f"optimizer {c}" for c in load_optimizer_state(obj, state)]
+            elif key == "scheduler":
+                changed += [f"LR schedule {c}" for c in load_scheduler_state(obj, state)]
             else:
                 obj.load_state_dict(state)
+        if changed:
+            lrs = sorted({g["lr"] for g in self.optimizer.param_groups}) if self.optimizer is not None else []
+            logger.warning(
+                "Resuming %s with other solver settings than it was saved with; this run's config applies from the "
+                "resumed iteration on (LR now %s):\n  %s", path, ", ".join(f"{lr:.6g}" for lr in lrs), "\n  ".join(changed),
+            )
         self._restore_rng(data.pop("rng_states", None), path)
         logger.info("Resumed from %s", path)
         return data

@@ -165,6 +165,47 @@ def test_a_resumed_run_is_bit_identical_to_an_uninterrupted_one(tiny_cache, tmp_
     assert resumed_losses.seen == {i: whole_losses.seen[i] for i in (6, 7, 8)}
 
 
+def test_resume_uses_the_learning_rate_of_the_command_line_and_says_what_changed(tiny_cache, tmp_path, caplog):
+    # After a divergence the user resumes with a lower SOLVER.BASE_LR: the resumed run must use
+    # it (it used to keep the checkpoint's LR silently), from the resumed iteration on.
+    opts = ["SOLVER.MAX_ITER", "6", "SOLVER.CHECKPOINT_PERIOD", "2", "LOG_PERIOD", "1", "DATASETS.TEST", "()"]
+    first = DefaultTrainer(toy_cfg(tmp_path, *opts))
+    first.resume_or_load(resume=False)
+    first.register_hooks([_Crash(at=4)])
+    with pytest.raises(RuntimeError, match="crash"):
+        first.train()
+    lr_before = read_metrics(str(tmp_path / "metrics.json"))[-1]["lr"]
+    assert lr_before == pytest.approx(0.05)
+
+    with caplog.at_level(logging.WARNING, logger="detcore.engine.checkpoint"):
+        lower = DefaultTrainer(toy_cfg(tmp_path, *opts, "SOLVER.BASE_LR", "0.001", "SOLVER.MOMENTUM", "0.5"))
+        lower.resume_or_load(resume=True)
+    assert lower.start_iter == 4
+    assert [g["lr"] for g in lower.optimizer.param_groups] == [0.001] * len(lower.optimizer.param_groups)
+    assert all(g["momentum"] == 0.5 for g in lower.optimizer.param_groups)
+    said = caplog.text
+    assert "this run's config applies from the resumed iteration on (LR now 0.001)" in said
+    assert "base_lrs: [0.05" in said and "-> [0.001" in said and "momentum: 0.9 -> 0.5" in said
+    lower.train()
+    lrs = {r["iteration"]: r["lr"] for r in read_metrics(str(tmp_path / "metrics.json")) if "lr" in r}
+    assert lrs[4] == lrs[5] == 0.001
+
+
+def test_resume_with_the_same_config_reports_no_change(tiny_cache, tmp_path, caplog):
+    opts = ["SOLVER.MAX_ITER", "4", "SOLVER.CHECKPOINT_PERIOD", "2", "DATASETS.TEST", "()"]
+    first = DefaultTrainer(toy_cfg(tmp_path, *opts))
+    first.resume_or_load(resume=False)
+    first.register_hooks([_Crash(at=3)])
+    with pytest.raises(RuntimeError):
+        first.train()
+    with caplog.at_level(logging.WARNING):
+        again = DefaultTrainer(toy_cfg(tmp_path, *opts))
+        again.resume_or_load(resume=True)
+    assert "other solver settings" not in caplog.text and "SEED" not in caplog.text
+    saved = load_checkpoint_file(str(tmp_path / "model_0000001.pth"))
+    assert again.optimizer.state_dict()["param_groups"] == saved["optimizer"]["param_groups"]
+
+
 def test_resuming_a_finished_run_evaluates_it_again_and_keeps_its_files(tiny_cache, tmp_path):
     cfg = toy_cfg(tmp_path, "SOLVER.MAX_ITER", "4", "SOLVER.CHECKPOINT_PERIOD", "2", "LOG_PERIOD", "1")
     first = DefaultTrainer(cfg)
@@ -238,7 +279,8 @@ def test_sigkill_then_resume_restores_the_saved_state(tiny_cache, tmp_path):
     args = [
         sys.executable, os.path.join(REPO, "tests", "tools", "launcher.py"), os.path.join(REPO, "tools", "train_net.py"),
         "--config-file", os.path.join(REPO, "configs", "e2e_mask_rcnn_R_18_FPN_shapes.yaml"),
-        *TOY, "SOLVER.MAX_ITER", "100000", "SOLVER.CHECKPOINT_PERIOD", "4", "LOG_PERIOD", "1",
+        *TOY, "SOLVER.BASE_LR", "0.05", "SOLVER.WARMUP_ITERS", "2", "SOLVER.STEPS", "(100,)",  # toy_cfg's
+        "SOLVER.MAX_ITER", "100000", "SOLVER.CHECKPOINT_PERIOD", "4", "LOG_PERIOD", "1",
         "DATASETS.TEST", "()", "OUTPUT_DIR", str(out),
     ]
     proc = subprocess.Popen(args, env=subprocess_env(tiny_cache), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
