@@ -23,7 +23,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -188,6 +188,9 @@ class Checkpointer:
         self.grad_scaler = grad_scaler
         self.trainer = trainer
         self.save_to_disk = comm.is_main_process() if save_to_disk is None else save_to_disk
+        # What last_checkpoint named before this process' latest save (None: nothing), and that save.
+        self._before_last_save: Optional[str] = None
+        self._last_saved: Optional[str] = None
 
     def _pointer_path(self) -> str:
         return os.path.join(self.save_dir, LAST_CHECKPOINT_FILE)
@@ -220,6 +223,7 @@ class Checkpointer:
                 _atomic_write_text(self._pointer_path(), filename)
             except Exception as e:  # a full disk reads "enforce fail at inline_container.cc" in torch
                 raise OSError(self._write_failure(path, previous, e)) from e
+        self._before_last_save, self._last_saved = previous or None, filename
         self._remove_stale_temp_files()
         logger.info("Saved checkpoint %s", path)
         return path
@@ -244,6 +248,22 @@ class Checkpointer:
             else "there was no earlier checkpoint, and no partial file is left"
         )
         return f"Could not write checkpoint {path} ({free}; {type(error).__name__}: {error}). Nothing was replaced: {kept}"
+
+    def set_aside_last_save(self) -> Tuple[Optional[str], Optional[str]]:
+        """Point ``last_checkpoint`` back to what it named before this process' latest save (or
+        remove it when it named nothing): for a checkpoint whose weights turned out to diverge.
+        The file itself stays. Returns (the file set aside, what ``last_checkpoint`` names now);
+        the first is None on ranks that do not write, or when nothing was saved."""
+        if not self.save_to_disk or self._last_saved is None:
+            return None, self._pointer_text() or None
+        if self._before_last_save is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._pointer_path())
+            _fsync_dir(self.save_dir)
+        else:
+            _atomic_write_text(self._pointer_path(), self._before_last_save)
+        set_aside, self._last_saved = self._last_saved, None
+        return set_aside, self._before_last_save
 
     def _checkpointables(self):
         return (

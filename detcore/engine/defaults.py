@@ -39,6 +39,7 @@ from detcore.utils.registry import build_from_config
 
 from . import hooks
 from .checkpoint import Checkpointer
+from .divergence import DivergenceGuard
 from .events import CommonMetricPrinter, JSONWriter, TensorboardWriter
 from .inference import format_results, inference_on_dataset
 from .output_dir import check_new_run, lock_output_dir
@@ -204,6 +205,7 @@ class DefaultTrainer(TrainerBase):
             amp_enabled=cfg.SOLVER.AMP.ENABLED,
             amp_dtype=cfg.SOLVER.AMP.DTYPE,
             seed=_run_seed(cfg, data_loader),
+            guard=DivergenceGuard(cfg.SOLVER.DIVERGENCE.MAX_LOSS_GROWTH, cfg.SOLVER.DIVERGENCE.MAX_WEIGHT_GROWTH),
         )
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
         self.checkpointer = Checkpointer(
@@ -259,7 +261,7 @@ class DefaultTrainer(TrainerBase):
             # Before the checkpointer (see detcore.engine.hooks): no iteration a resumed run skips
             # is missing from metrics.json.
             hooks.PeriodicWriter([metrics] + self.build_writers(), cfg.LOG_PERIOD, checkpoint_period) if main else None,
-            hooks.PeriodicCheckpointer(self.checkpointer, checkpoint_period),
+            hooks.PeriodicCheckpointer(self.checkpointer, checkpoint_period, check_weights=self._trainer.check_weights),
             hooks.LossCurvePlotter(metrics, os.path.join(out, LOSS_CURVE_FILE), checkpoint_period) if main else None,
             # After the checkpoint: a crash while evaluating loses no training.
             hooks.EvalHook(cfg.TEST.EVAL_PERIOD, lambda: self.test(cfg, self.model)) if cfg.DATASETS.TEST else None,

@@ -13,6 +13,7 @@ import torch
 
 from detcore.engine import DefaultTrainer, default_setup, seed_all_rng
 from detcore.engine.checkpoint import LAST_CHECKPOINT_FILE, load_checkpoint_file
+from detcore.engine.divergence import TrainingDiverged, weight_norm
 from detcore.engine.train_loop import HookBase
 from detcore.utils.plotting import read_metrics
 
@@ -255,23 +256,60 @@ def test_nan_loss_stops_training_and_keeps_last_good_checkpoint(tiny_cache, tmp_
 
 
 @pytest.mark.parametrize("clip", ["True", "False"])
-def test_divergence_from_a_huge_learning_rate_leaves_a_resumable_run(tiny_cache, tmp_path, clip):
+def test_after_a_divergence_resume_with_a_lower_learning_rate_trains_on(tiny_cache, tmp_path, clip):
     # SOLVER.BASE_LR 1e6 once ended with a message naming no loss and a last checkpoint of NaN
-    # weights (clipping infinite gradients writes NaN): --resume then failed at once.
-    cfg = toy_cfg(tmp_path, "SOLVER.MAX_ITER", "30", "SOLVER.CHECKPOINT_PERIOD", "1", "LOG_PERIOD", "1",
-                  "SOLVER.BASE_LR", "1e6", "SOLVER.WARMUP_ITERS", "0", "SOLVER.CLIP_GRADIENTS.ENABLED", clip,
-                  "DATASETS.TEST", "()")
-    trainer = DefaultTrainer(cfg)
+    # weights (clipping infinite gradients writes NaN): --resume then failed at once. Later the
+    # last checkpoint held finite but exploded weights, and --resume with a sane LR kept the
+    # checkpoint's LR: it diverged again at once.
+    opts = ["SOLVER.MAX_ITER", "30", "LOG_PERIOD", "1", "SOLVER.WARMUP_ITERS", "0",
+            "SOLVER.CLIP_GRADIENTS.ENABLED", clip, "DATASETS.TEST", "()"]
+    trainer = DefaultTrainer(toy_cfg(tmp_path, *opts, "SOLVER.BASE_LR", "1e6", "SOLVER.CHECKPOINT_PERIOD", "1"))
     trainer.resume_or_load(resume=False)
-    with pytest.raises(FloatingPointError, match=r"iteration=\d+.*(loss|weights)"):
+    with pytest.raises(TrainingDiverged, match=r"iteration=\d+.*(loss|weights).*--resume SOLVER\.BASE_LR <lower>"):
         trainer.train()
     for name in checkpoints(tmp_path):
         for k, v in load_checkpoint_file(str(tmp_path / name))["model"].items():
             assert torch.isfinite(v).all(), (name, k)
-    if (tmp_path / LAST_CHECKPOINT_FILE).exists():
-        again = DefaultTrainer(cfg)
-        again.resume_or_load(resume=True)  # loads: the last checkpoint is a good state
-        assert again.start_iter >= 1
+    again = DefaultTrainer(toy_cfg(tmp_path, *opts, "SOLVER.BASE_LR", "0.05", "SOLVER.CHECKPOINT_PERIOD", "30"))
+    again.resume_or_load(resume=True)
+    if again.start_iter > 0:  # the last good state: weights within the bound
+        assert weight_norm(list(again.model.parameters())) <= 10 * again._trainer.guard.first_weight_norm
+    again.train()  # no divergence this time
+    assert load_checkpoint_file(str(tmp_path / "model_final.pth"))["iteration"] == 29
+
+
+@pytest.mark.parametrize("nan_at, good", [(4, "model_0000001.pth"), (2, None)])
+def test_a_checkpoint_whose_weights_diverged_at_the_next_step_is_set_aside(tiny_cache, tmp_path, monkeypatch, caplog, nan_at, good):
+    # The checkpoint written after iteration nan_at - 1 holds the weights that gave iteration
+    # nan_at its NaN loss: resumed, they would meet the same loss on the same batch whatever the
+    # learning rate. last_checkpoint goes back to the checkpoint before (none: the run's start).
+    real_forward = ToyDetector.forward
+    calls = {"n": 0}
+
+    def forward(self, batched_inputs):
+        losses = real_forward(self, batched_inputs)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] == nan_at + 1:
+                losses["loss_cls"] = losses["loss_cls"] * float("nan")
+        return losses
+
+    monkeypatch.setattr(ToyDetector, "forward", forward)
+    cfg = toy_cfg(tmp_path, "SOLVER.MAX_ITER", "8", "SOLVER.CHECKPOINT_PERIOD", "2", "DATASETS.TEST", "()")
+    trainer = DefaultTrainer(cfg)
+    trainer.resume_or_load(resume=False)
+    with pytest.raises(TrainingDiverged, match=f"iteration={nan_at}"):
+        trainer.train()
+    set_aside = f"model_{nan_at - 1:07d}.pth"
+    assert set_aside in checkpoints(tmp_path)  # the file stays
+    pointer = tmp_path / LAST_CHECKPOINT_FILE
+    assert (pointer.read_text() if pointer.exists() else None) == good
+    assert f"{set_aside} holds the weights that diverged at iteration {nan_at}" in caplog.text
+    monkeypatch.setattr(ToyDetector, "forward", real_forward)
+    again = DefaultTrainer(cfg)
+    again.resume_or_load(resume=True)
+    assert again.start_iter == (0 if good is None else 2)
+    again.train()
 
 
 def test_sigkill_then_resume_restores_the_saved_state(tiny_cache, tmp_path):
