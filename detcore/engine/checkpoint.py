@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from detcore.checkpoint import LoadReport, convert_state_dict, load_converted_state_dict
-from detcore.checkpoint.io import describe_file, load_checkpoint_object
+from detcore.checkpoint.io import load_checkpoint_object
 from detcore.solver.resume import load_optimizer_state, load_scheduler_state
 from detcore.utils import comm
 
