@@ -20,8 +20,8 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
     A box with a NaN or infinite coordinate is kept and suppresses no other box: its IoU with
     any box is NaN or 0, never above an ``iou_threshold`` >= 0. That is torchvision's CPU
     answer, through the same arithmetic (followed bit for bit for every threshold, negative ones
-    included); such boxes cost no more than others. On the CPU a long call stops at Ctrl-C with
-    KeyboardInterrupt (README, "Using the ops").
+    included), on the CPU and CUDA alike; such boxes cost no more than others. On the CPU a
+    long call stops at Ctrl-C with KeyboardInterrupt (README, "Using the ops").
     """
     if not torch.jit.is_scripting():  # TorchScript cannot read the loader's state
         ensure_loaded()

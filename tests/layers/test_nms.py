@@ -1,4 +1,6 @@
 """detcore.layers.nms against a plain-PyTorch greedy NMS and torchvision.ops.nms."""
+import time
+
 import pytest
 import torch
 
@@ -115,6 +117,94 @@ def test_zero_area_and_negative_size_boxes():
     assert nms(points, torch.tensor([0.9, 0.8, 0.7]), 0.0).tolist() == [0, 1, 2]
     inverted = torch.tensor([[10.0, 10.0, 0.0, 0.0], [10.0, 10.0, 0.0, 0.0]])
     assert nms(inverted, torch.tensor([0.9, 0.8]), 0.0).tolist() == [0, 1]
+
+
+def _with_non_finite(boxes, g, fraction):
+    """A copy of boxes with one coordinate of about `fraction` of them NaN, inf or -inf."""
+    n = len(boxes)
+    boxes = boxes.clone()
+    bad = torch.rand(n, generator=g) < fraction
+    values = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=boxes.dtype)
+    column = torch.randint(0, 4, (n,), generator=g)[bad]
+    boxes[bad, column] = values[torch.randint(0, 3, (n,), generator=g)[bad]]
+    return boxes, bad
+
+
+def test_non_finite_boxes_are_kept_and_suppress_nothing():
+    # The documented rule, by hand: with a threshold >= 0 a box with a NaN or infinite coordinate
+    # is kept and suppresses no box; a finite duplicate is still suppressed by its finite twin.
+    boxes = torch.tensor([
+        [0.0, 0.0, 10.0, 10.0],
+        [0.0, 0.0, 10.0, float("nan")],
+        [0.0, 0.0, float("inf"), 10.0],
+        [-float("inf"), -float("inf"), float("inf"), float("inf")],
+        [0.0, 0.0, 10.0, 10.0],
+        [float("inf"), 0.0, float("inf"), 10.0],
+    ])
+    scores = torch.tensor([0.5, 0.9, 0.8, 0.7, 0.4, 0.6])
+    for threshold in (0.0, 0.5, 1.0):
+        expected = [1, 2, 3, 5, 0] + ([4] if threshold == 1.0 else [])
+        assert nms(boxes, scores, threshold).tolist() == expected
+        one_category = torch.zeros(6, dtype=torch.int64)
+        assert batched_nms(boxes, scores, one_category, threshold).tolist() == expected
+    # Below 0 the arithmetic decides: box 2's IoU with the finite boxes is 0 (an infinite
+    # union), above -0.5, while its IoU with box 3 and the NaN box's with any box are NaN.
+    assert nms(boxes, scores, -0.5).tolist() == [1, 2, 3, 5]
+    _check(boxes, scores, -0.5)
+
+
+@pytest.mark.parametrize("threshold", [-0.5, -1e-300, 0.0, 0.5, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_non_finite_boxes_follow_the_iou_arithmetic(threshold, dtype):
+    # The plain-PyTorch reference's IoU (and torchvision's) on many non-finite boxes, on both
+    # sides of the kernel's switch to its grid walk (512 boxes).
+    for n in (300, 700):
+        g = _gen(20 + n)
+        boxes, _ = _with_non_finite(random_boxes(n, g, xy_max=200.0).to(dtype), g, 0.3)
+        _check(boxes, distinct_scores(n, g).to(dtype), threshold)
+
+
+def _best_time(f, repeats=3):
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        f()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@pytest.mark.slow
+def test_non_finite_boxes_cost_no_more_than_finite_ones():
+    # The issue's reproducer scaled: 200k boxes, half of them NaN or infinite somewhere, took
+    # seconds when every kept box scanned every non-finite one. The answer is every non-finite
+    # box plus the NMS of the finite ones (checked by test_nms_grid.py against torchvision),
+    # and the call costs about what the same boxes all finite cost; the bound, 4 times that,
+    # is generous (the quadratic scan cost far more).
+    g = _gen(21)
+    n = 200_000
+    xy = torch.rand(n, 2, generator=g) * 5000
+    finite_boxes = torch.cat([xy, xy + 10 + torch.rand(n, 2, generator=g) * 90], 1)
+    boxes, bad = _with_non_finite(finite_boxes, g, 0.5)
+    scores = torch.rand(n, generator=g)
+    idxs = torch.randint(0, 3, (n,), generator=g)
+    finite = (~bad).nonzero().flatten()
+
+    def by_score(keep):
+        keep = keep.sort().values
+        return keep[scores[keep].sort(descending=True, stable=True).indices]
+
+    kept_finite = finite[nms(boxes[finite], scores[finite], 0.5)]
+    expected = by_score(torch.cat([bad.nonzero().flatten(), kept_finite]))
+    assert torch.equal(nms(boxes, scores, 0.5), expected)
+    per_category = batched_nms(boxes[finite], scores[finite], idxs[finite], 0.5)
+    expected = by_score(torch.cat([bad.nonzero().flatten(), finite[per_category]]))
+    assert torch.equal(batched_nms(boxes, scores, idxs, 0.5), expected)
+
+    for op, args in ((nms, ()), (batched_nms, (idxs,))):
+        with_non_finite = _best_time(lambda: op(boxes, scores, *args, 0.5))
+        all_finite = _best_time(lambda: op(finite_boxes, scores, *args, 0.5))
+        print(f"{op.__name__}: {with_non_finite:.3f} s with non-finite boxes, {all_finite:.3f} s all finite")
+        assert with_non_finite < 4 * all_finite
 
 
 def test_iou_exactly_at_threshold_is_not_suppressed():

@@ -5,9 +5,9 @@ the boxes and to their density) and, where a sampled cost estimate says this bea
 walk, a kept box tests only the boxes in the cells near it (detcore/csrc/cpu/nms_grid.h); below
 that, the plain walk tests every later box. Boxes no IoU involves (a NaN area; with a threshold
 >= 0 also an infinite coordinate, or zero or negative size) are kept without entering either
-walk; all other boxes under a negative threshold are in a list scanned by every kept box. Each test here compares with torchvision's greedy
-NMS (a plain walk, the semantics we follow bit for bit) or with an answer known by
-construction, at sizes on both sides of the switch.
+walk; all other boxes under a negative threshold are in a list scanned by every kept box. Each
+test here compares with torchvision's greedy NMS (a plain walk, the semantics we follow bit for
+bit) or with an answer known by construction, at sizes on both sides of the switch.
 """
 import pytest
 import torch

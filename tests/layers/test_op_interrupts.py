@@ -1,15 +1,16 @@
 """Ctrl-C during the long CPU ops (detcore/csrc/cpu/interrupt.h), each in a child process.
 
-A case runs one op on inputs that keep it busy far longer than the test waits, sends SIGINT once
-the op has started, and expects KeyboardInterrupt out of the op well within a second (asserted
-under LATENCY_BOUND_S, generous for a busy shared 2-core machine; the measured latency is
-printed), then a small second call of the op that must give torchvision's answer: nothing of
-the interrupted call is left behind. The ops run on all intra-op threads, so the workers'
-early stop is exercised too. Then what the process set up for SIGINT: a handler of its own that
-returns lets the op go on to its full answer, an ignored SIGINT changes nothing, and an op on
-another thread than the main one is never interrupted. Finally NMS over a million boxes with
-NaN and infinite coordinates, which ran for minutes when such boxes were scanned by every kept
-box: it must now finish in seconds, with the documented answer.
+The issue's reproducers, scaled. A case's child first times the op on a probe input (the best of
+two runs), then builds an input K times as large, whose uninterrupted run would last at least
+about K times as long (every op here costs at least in proportion to its input), says "ready"
+and calls the op. The test sends SIGINT once the call has started and expects KeyboardInterrupt
+out of the op, and the interrupted call must have ended within half of that uninterrupted time:
+the only timing asserted, and a generous one (the latency is printed; the README promises about a
+second). Then a small second call of the op must give torchvision's answer: nothing of the
+interrupted call is left behind. The ops run on all intra-op threads, so the workers' early stop
+is exercised too. Then what the process set up for SIGINT: a handler of its own that returns lets
+the op go on to its full answer, an ignored SIGINT changes nothing, and an op on another thread
+than the main one is never interrupted.
 
 Slow: each case starts a Python process that imports torch.
 """
@@ -30,18 +31,18 @@ pytestmark = [
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STARTUP_TIMEOUT_S = 600  # importing torch on a loaded machine
-SIGNAL_DELAY_S = 0.5     # after the child says the op starts
-LATENCY_BOUND_S = 5.0    # the promise is "within a second"; the machine is shared and busy
-FINISH_TIMEOUT_S = 600
+STARTUP_TIMEOUT_S = 600  # importing torch and timing the probe on a loaded machine
+SIGNAL_DELAY_S = 0.5     # after the child says the op starts (at most; see _signal_delay)
+FINISH_TIMEOUT_S = 600   # a hang guard, never reached by a passing test
 
-# --- the long ops: code that builds the inputs, the call, and a small second call that checks
-# the op still gives torchvision's answer. Sizes: tens of seconds to minutes of work each.
-_NMS_SETUP = """
-n = 200_000  # all within a few pixels of each other, IoU mostly under 0.99: most are kept
-xy = torch.rand(n, 2, generator=g) * 20
-boxes = torch.cat([xy, xy + 100 + torch.rand(n, 2, generator=g) * 100], 1)
-scores = torch.rand(n, generator=g)
+# --- the long ops. `make(m)` builds the arguments `a` for m units of work (boxes, rois, images,
+# elements), `call` runs the op on them, `again` is a small second call checked against
+# torchvision. (m, K): the probe's units and how many times more the interrupted call gets.
+_NMS_MAKE = """
+def make(m):  # boxes within a few pixels of each other, IoU mostly under 0.99: most are kept
+    xy = torch.rand(m, 2, generator=g) * 20
+    boxes = torch.cat([xy, xy + 100 + torch.rand(m, 2, generator=g) * 100], 1)
+    return boxes, torch.rand(m, generator=g), torch.arange(m) % 2
 """
 _NMS_AGAIN = """
 b = torch.rand(600, 2, generator=g) * 300
@@ -51,10 +52,12 @@ c = torch.randint(0, 3, (600,), generator=g)
 assert torch.equal(L.nms(b, s, 0.5), torchvision.ops.nms(b, s, 0.5))
 assert torch.equal(L.batched_nms(b, s, c, 0.5), torchvision.ops.batched_nms(b, s, c, 0.5))
 """
-_ROI_SETUP = """
-x = torch.rand(1, 256, 64, 64, generator=g)
-corner = torch.rand(400, 2, generator=g) * 20
-rois = torch.cat([torch.zeros(400, 1), corner, corner + 40], 1)
+_ROI_MAKE = """
+x = torch.rand(1, 8, 64, 64, generator=g)
+def make(m):  # with sampling_ratio 128 (the largest allowed) a roi has 16384 taps a bin
+    corner = torch.rand(m, 2, generator=g) * 20
+    rois = torch.cat([torch.zeros(m, 1), corner, corner + 40], 1)
+    return x, rois, torch.rand(m, 8, 7, 7, generator=g)
 """
 _ROI_AGAIN = """
 x = torch.rand(2, 32, 20, 20, generator=g, dtype=torch.float64, requires_grad=True)
@@ -68,10 +71,18 @@ for ours, theirs, kw in [
     b, = torch.autograd.grad(theirs(x, r, (5, 5), **kw).square().sum(), x)
     torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
 """
-_DEFORM_SETUP = """
-x = torch.rand(12, 256, 128, 128, generator=g)
-w = torch.rand(256, 256, 3, 3, generator=g)
-offset = torch.randn(12, 18, 126, 126, generator=g)
+_ROI_POOL_MAKE = """
+x = torch.rand(1, 32, 400, 400, generator=g)
+def make(m):  # every roi spans most of the map
+    rois = torch.cat([torch.zeros(m, 1), torch.rand(m, 2, generator=g) * 20,
+                      380 + torch.rand(m, 2, generator=g) * 20], 1)
+    return x, rois
+"""
+_DEFORM_MAKE = """
+w = torch.rand(128, 128, 3, 3, generator=g)
+def make(m):  # m images of 128 channels
+    x = torch.rand(m, 128, 96, 96, generator=g)
+    return x, torch.randn(m, 18, 94, 94, generator=g), torch.rand(m, 128, 94, 94, generator=g)
 """
 _DEFORM_AGAIN = """
 x = torch.rand(2, 6, 9, 9, generator=g, dtype=torch.float64, requires_grad=True)
@@ -82,10 +93,11 @@ theirs = torch.autograd.grad(torchvision.ops.deform_conv2d(x, o, w).square().sum
 for a, b in zip(ours, theirs):
     torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
 """
-_FOCAL_SETUP = """
-torch.set_num_threads(1)  # one pass over memory: one thread makes 200M elements last
-logits = torch.randn(200_000_000 // 8, 8, generator=g)
-targets = torch.randint(0, 2, logits.shape, generator=g, dtype=torch.float32)
+_FOCAL_MAKE = """
+torch.set_num_threads(1)  # one pass over memory: one thread makes it last longest
+def make(m):  # m elements
+    logits = torch.randn(m // 8, 8, generator=g)
+    return logits, torch.randint(0, 2, logits.shape, generator=g, dtype=torch.float32)
 """
 _FOCAL_AGAIN = """
 torch.set_num_threads(2)
@@ -102,47 +114,35 @@ _SCRIPTED_NMS = (
     "    return torch.ops.detcore.nms(b, s, 0.99)\n"
     "\"\"\")\n"
 )
-CASES = {
-    "nms": (_NMS_SETUP, "L.nms(boxes, scores, 0.99)", _NMS_AGAIN),
+# roi_pool's backward (a few adds per pooled value) and the focal loss run at memory speed: they
+# last seconds only on gigabytes; the focal loss is here on 100M elements, on one thread.
+CASES = {  # name: (make, call, again, probe units, K)
+    # 200k boxes (the issue's 10 s); the walk's cost grows faster than the boxes: K * probe is
+    # far below the uninterrupted time, and the sort and grid set-up before it stay short.
+    "nms": (_NMS_MAKE, "L.nms(a[0], a[1], 0.99)", _NMS_AGAIN, 40_000, 5),
     "nms_torchscript": (  # the interpreter turns the exception into a RuntimeError saying so
-        _NMS_SETUP + _SCRIPTED_NMS,
-        "cu.f(boxes, scores)",
-        _NMS_AGAIN,
-    ),
+        _NMS_MAKE + _SCRIPTED_NMS, "cu.f(a[0], a[1])", _NMS_AGAIN, 40_000, 5),
     "batched_nms": (  # two categories: their walks run on two threads
-        _NMS_SETUP + "idxs = torch.arange(n) % 2\n",
-        "L.batched_nms(boxes, scores, idxs, 0.99)",
-        _NMS_AGAIN,
-    ),
-    "roi_align": (_ROI_SETUP, "L.roi_align(x, rois, 7, 1.0, 128, True)", _ROI_AGAIN),
+        _NMS_MAKE, "L.batched_nms(a[0], a[1], a[2], 0.99)", _NMS_AGAIN, 40_000, 5),
+    "roi_align": (_ROI_MAKE, "L.roi_align(a[0], a[1], 7, 1.0, 128, True)", _ROI_AGAIN, 2, 100),
     "roi_align_backward": (
-        _ROI_SETUP + "grad = torch.rand(400, 256, 7, 7, generator=g)\n",
-        f"{OPS}._roi_align_backward(grad, rois, 1.0, 7, 7, 1, 256, 64, 64, 128, True)",
-        _ROI_AGAIN,
-    ),
-    "roi_pool": (  # every roi spans most of a large map
-        "x = torch.rand(1, 256, 400, 400, generator=g)\n"
-        "rois = torch.cat([torch.zeros(3000, 1), torch.rand(3000, 2, generator=g) * 20,\n"
-        "                  380 + torch.rand(3000, 2, generator=g) * 20], 1)\n",
-        "L.roi_pool(x, rois, 7, 1.0)",
-        _ROI_AGAIN,
-    ),
-    "deform_conv2d": (_DEFORM_SETUP, "L.deform_conv2d(x, offset, w)", _DEFORM_AGAIN),
+        _ROI_MAKE,
+        f"{OPS}._roi_align_backward(a[2], a[1], 1.0, 7, 7, 1, 8, 64, 64, 128, True)",
+        _ROI_AGAIN, 2, 100),
+    "roi_pool": (_ROI_POOL_MAKE, "L.roi_pool(a[0], a[1], 7, 1.0)", _ROI_AGAIN, 10, 100),
+    "deform_conv2d": (
+        _DEFORM_MAKE, "L.deform_conv2d(a[0], a[1], w)", _DEFORM_AGAIN, 1, 40),
     "deform_conv2d_backward": (
-        _DEFORM_SETUP + "grad = torch.rand(12, 256, 126, 126, generator=g)\n",
-        f"{OPS}._deform_conv2d_backward(grad, x, w, offset, None, None, 1, 1, 0, 0, 1, 1, 1, 1)",
-        _DEFORM_AGAIN,
-    ),
+        _DEFORM_MAKE,
+        f"{OPS}._deform_conv2d_backward(a[2], a[0], w, a[1], None, None, 1, 1, 0, 0, 1, 1, 1, 1)",
+        _DEFORM_AGAIN, 1, 40),
     "sigmoid_focal_loss": (
-        _FOCAL_SETUP,
-        'L.sigmoid_focal_loss(logits, targets, reduction="sum")',
-        _FOCAL_AGAIN,
-    ),
+        _FOCAL_MAKE, 'L.sigmoid_focal_loss(a[0], a[1], reduction="sum")', _FOCAL_AGAIN,
+        4_000_000, 25),
     "sigmoid_focal_loss_backward": (
-        _FOCAL_SETUP,
-        f'{OPS}._sigmoid_focal_loss_backward(torch.ones(()), logits, targets, 0.25, 2.0, "sum", False)',
-        _FOCAL_AGAIN,
-    ),
+        _FOCAL_MAKE,
+        f'{OPS}._sigmoid_focal_loss_backward(torch.ones(()), a[0], a[1], 0.25, 2.0, "sum", False)',
+        _FOCAL_AGAIN, 4_000_000, 25),
 }
 
 _PRELUDE = """
@@ -171,8 +171,9 @@ class Child:
         for line in stream:
             put(line.rstrip("\n"))
 
-    def expect(self, wanted, timeout):
-        """Waits for a line starting with `wanted`; returns it, or fails with the child's stderr."""
+    def expect(self, wanted, timeout=FINISH_TIMEOUT_S):
+        """Waits for a line starting with `wanted`; returns it, or fails with the child's stderr.
+        A line saying the op ended another way than `wanted` fails at once."""
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -189,9 +190,8 @@ class Child:
 
     def interrupt(self):
         os.kill(self.proc.pid, signal.SIGINT)
-        return time.monotonic()
 
-    def exit_code(self, timeout):
+    def exit_code(self, timeout=60):
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -208,56 +208,81 @@ class Child:
             self.proc.wait()
 
 
-def _op_script(setup, call, again):
+def _op_script(make, call, again, units, times):
     return (
-        setup
-        + 'print("ready", flush=True)\n'
+        make
+        + "def timed(a):\n    t = time.monotonic()\n    " + call + "\n    return time.monotonic() - t\n"
+        + f"a = make({units})\n"
+        + "probe = min(timed(a), timed(a))\n"
+        + f"a = make({units * times})\n"
+        + f'print("ready", {times} * probe, flush=True)\n'
+        + "start = time.monotonic()\n"
         + "try:\n    " + call + "\n"
-        + 'except KeyboardInterrupt:\n    print("interrupted", flush=True)\n'
+        + 'except KeyboardInterrupt:\n    print("interrupted", time.monotonic() - start, flush=True)\n'
         + "except RuntimeError as e:\n"
         + '    if "KeyboardInterrupt raised by the SIGINT handler" not in str(e):\n        raise\n'
-        + '    print("interrupted (TorchScript)", flush=True)\n'
+        + '    print("interrupted", time.monotonic() - start, flush=True)\n'
         + 'else:\n    print("finished", flush=True)\n'
+        + "del a\n"
         + "g = torch.Generator().manual_seed(1)\n"
         + again
         + 'print("again ok", flush=True)\n'
     )
 
 
+def _signal_delay(uninterrupted):
+    """How long to let the op run before SIGINT: a small part of its uninterrupted time (the op
+    starts a few bytecodes after the child's "ready"; a signal that came first would end the
+    child before the op, and the case would prove nothing, but not fail)."""
+    return min(SIGNAL_DELAY_S, max(0.05, uninterrupted / 20))
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_ctrl_c_stops_the_op_within_a_second(case):
-    setup, call, again = CASES[case]
-    child = Child(_op_script(setup, call, again))
-    child.expect("ready", STARTUP_TIMEOUT_S)
-    time.sleep(SIGNAL_DELAY_S)
-    sent = child.interrupt()
-    child.expect("interrupted", LATENCY_BOUND_S)
-    latency = time.monotonic() - sent
-    print(f"{case}: KeyboardInterrupt {latency:.3f} s after SIGINT")
-    child.expect("again ok", FINISH_TIMEOUT_S)
-    assert child.exit_code(60) == 0, child.errors()
+def test_ctrl_c_stops_the_op(case):
+    make, call, again, units, times = CASES[case]
+    child = Child(_op_script(make, call, again, units, times))
+    uninterrupted = float(child.expect("ready", STARTUP_TIMEOUT_S).split()[1])
+    time.sleep(_signal_delay(uninterrupted))
+    sent = time.monotonic()
+    child.interrupt()
+    ran = float(child.expect("interrupted").split()[1])
+    print(f"{case}: KeyboardInterrupt {time.monotonic() - sent:.3f} s after SIGINT, "
+          f"the call ran {ran:.2f} s of about {uninterrupted:.1f} s uninterrupted")
+    assert ran < uninterrupted / 2, "the op ran on after SIGINT"
+    child.expect("again ok")
+    assert child.exit_code() == 0, child.errors()
 
 
-# A handler of the program's own that returns: the op runs it while it works (not after it
-# returns) and goes on to the same answer as a call never signalled. nms walks on the calling
-# thread; roi_align's blocks run on all threads while the calling thread runs the handler.
+# A handler of the program's own that returns: the op runs it while it works (the child says so
+# before the op returns) and goes on to the same answer as a call never signalled. nms walks on
+# the calling thread; roi_align's blocks run on all threads while the calling thread runs the
+# handler. The probe makes the call last well past the signal.
 _HANDLER = """
 def handler(signum, frame):
     print("handler called", flush=True)
 signal.signal(signal.SIGINT, handler)
 """
-_GOES_ON = {
-    "nms": (
-        _NMS_SETUP.replace("200_000", "60_000") + "run = lambda: L.nms(boxes, scores, 0.99)\n"
-    ),
-    "roi_align": _ROI_SETUP.replace("400", "60") + "run = lambda: L.roi_align(x, rois, 7, 1.0, 32, True)\n",
+_GOES_ON = {  # name: (make, call, probe units, K)
+    "nms": (_NMS_MAKE, "L.nms(a[0], a[1], 0.99)", 10_000, 4),
+    "roi_align": (_ROI_MAKE, "L.roi_align(a[0], a[1], 7, 1.0, 32, True)", 10, 10),
 }
+
+
+def _long_enough(make, call, units, times):
+    """Code that sets `a` to arguments on which `call` lasts at least about 4 SIGNAL_DELAY_S."""
+    return (
+        make
+        + f"a = make({units})\n"
+        + "t = time.monotonic()\n" + call + "\nprobe = time.monotonic() - t\n"
+        + f"a = make(max({units * times}, int({units} * {4 * SIGNAL_DELAY_S} / probe) + 1))\n"
+        + "run = lambda: " + call + "\n"
+    )
 
 
 @pytest.mark.parametrize("case", list(_GOES_ON))
 def test_a_handler_that_returns_lets_the_op_finish(case):
     child = Child(
-        _GOES_ON[case]
+        _long_enough(*_GOES_ON[case])
         + _HANDLER
         + 'print("ready", flush=True)\n'
         + "got = run()\n"
@@ -268,93 +293,52 @@ def test_a_handler_that_returns_lets_the_op_finish(case):
     )
     child.expect("ready", STARTUP_TIMEOUT_S)
     time.sleep(SIGNAL_DELAY_S)
-    sent = child.interrupt()
-    child.expect("handler called", LATENCY_BOUND_S)
-    print(f"{case}: handler called {time.monotonic() - sent:.3f} s after SIGINT")
-    child.expect("finished", FINISH_TIMEOUT_S)
-    child.expect("same answer", FINISH_TIMEOUT_S)
-    assert child.exit_code(60) == 0, child.errors()
+    child.interrupt()
+    child.expect("handler called")  # before "finished", or expect fails
+    child.expect("finished")
+    child.expect("same answer")
+    assert child.exit_code() == 0, child.errors()
 
 
 def test_an_ignored_sigint_changes_nothing():
-    setup = _NMS_SETUP.replace("200_000", "40_000")
     child = Child(
-        setup
+        _long_enough(*_GOES_ON["nms"])
         + "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
         + 'print("ready", flush=True)\n'
-        + "got = L.nms(boxes, scores, 0.99)\n"
+        + "got = run()\n"
         + 'print("finished", flush=True)\n'
-        + "assert torch.equal(got, L.nms(boxes, scores, 0.99))\n"
+        + "assert torch.equal(got, run())\n"
         + 'print("same answer", flush=True)\n'
     )
     child.expect("ready", STARTUP_TIMEOUT_S)
     time.sleep(SIGNAL_DELAY_S)
     child.interrupt()
-    child.expect("finished", FINISH_TIMEOUT_S)
-    child.expect("same answer", FINISH_TIMEOUT_S)
-    assert child.exit_code(60) == 0, child.errors()
+    child.expect("finished")
+    child.expect("same answer")
+    assert child.exit_code() == 0, child.errors()
 
 
 def test_an_op_on_another_thread_runs_to_its_end():
     # Python interrupts its main thread only: there the wait for the thread raises, while the op
     # on the other thread runs on to its full answer.
-    setup = _NMS_SETUP.replace("200_000", "40_000")
     child = Child(
-        setup
+        _long_enough(*_GOES_ON["nms"])
         + "import threading\n"
         + "out = {}\n"
-        + "worker = threading.Thread(target=lambda: out.update(keep=L.nms(boxes, scores, 0.99)))\n"
+        + "worker = threading.Thread(target=lambda: out.update(keep=run()))\n"
         + 'print("ready", flush=True)\n'
         + "worker.start()\n"
         + "try:\n    worker.join()\n"
         + 'except KeyboardInterrupt:\n    print("interrupted", flush=True)\n'
         + "worker.join()\n"
         + 'print("finished", flush=True)\n'
-        + 'assert torch.equal(out["keep"], L.nms(boxes, scores, 0.99))\n'
+        + 'assert torch.equal(out["keep"], run())\n'
         + 'print("same answer", flush=True)\n'
     )
     child.expect("ready", STARTUP_TIMEOUT_S)
     time.sleep(SIGNAL_DELAY_S)
     child.interrupt()
-    child.expect("interrupted", LATENCY_BOUND_S)
-    child.expect("finished", FINISH_TIMEOUT_S)
-    child.expect("same answer", FINISH_TIMEOUT_S)
-    assert child.exit_code(60) == 0, child.errors()
-
-
-# NMS of a million boxes, half of them with a NaN or infinite coordinate: such boxes are kept and
-# suppress nothing (the nms docstring), so the answer is every such box plus the NMS of the
-# others, in score order (that NMS is detcore's, compared with torchvision's in test_nms*.py:
-# torchvision's would take hours here). Every kept box used to scan every non-finite one: this
-# ran for tens of minutes.
-_NON_FINITE = """
-n = 1_000_000
-xy = torch.rand(n, 2, generator=g) * 5000
-boxes = torch.cat([xy, xy + 10 + torch.rand(n, 2, generator=g) * 90], 1)
-bad = torch.rand(n, generator=g) < 0.5
-values = torch.tensor([float("nan"), float("inf"), -float("inf")])
-boxes[bad, torch.randint(0, 4, (n,), generator=g)[bad]] = values[torch.randint(0, 3, (n,), generator=g)[bad]]
-scores = torch.rand(n, generator=g)
-idxs = torch.randint(0, 3, (n,), generator=g)
-finite = (~bad).nonzero().flatten()
-def by_score(keep):
-    keep = keep.sort().values
-    return keep[scores[keep].sort(descending=True, stable=True).indices]
-expected = by_score(torch.cat([bad.nonzero().flatten(), finite[L.nms(boxes[finite], scores[finite], 0.5)]]))
-per_category = L.batched_nms(boxes[finite], scores[finite], idxs[finite], 0.5)
-expected_batched = by_score(torch.cat([bad.nonzero().flatten(), finite[per_category]]))
-print("ready", flush=True)
-assert torch.equal(L.nms(boxes, scores, 0.5), expected)
-assert torch.equal(L.batched_nms(boxes, scores, idxs, 0.5), expected_batched)
-print("done", flush=True)
-"""
-NON_FINITE_BOUND_S = 120  # seconds where the quadratic walk took tens of minutes
-
-
-def test_nms_of_a_million_boxes_with_non_finite_coordinates_is_fast():
-    child = Child(_NON_FINITE)
-    child.expect("ready", STARTUP_TIMEOUT_S)
-    started = time.monotonic()
-    child.expect("done", NON_FINITE_BOUND_S)
-    print(f"nms + batched_nms of 10^6 boxes, half non-finite: {time.monotonic() - started:.1f} s")
-    assert child.exit_code(60) == 0, child.errors()
+    child.expect("interrupted")  # before "finished", or expect fails
+    child.expect("finished")
+    child.expect("same answer")
+    assert child.exit_code() == 0, child.errors()

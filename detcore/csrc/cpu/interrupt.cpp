@@ -25,6 +25,12 @@ std::atomic<uint64_t> sigint_count{0};
 namespace {
 using interrupt_detail::sigint_count;
 
+// The count as of the last time an op's calling thread asked Python. A SIGINT counted after it
+// may be one Python has not handled yet (it came while an op was starting, or between Python's
+// last check and the op's call): an op starts from this count, not from the current one, so
+// that its first check asks Python (once per SIGINT, not once per op).
+std::atomic<uint64_t> asked_python{0};
+
 #if defined(__unix__) || defined(__APPLE__)
 
 // The handler the hook chains to: one of the few actions ever saved, never freed (a delivery
@@ -68,19 +74,20 @@ const struct sigaction* saved(const struct sigaction& a) {
   return kept->back().get();
 }
 
-// Puts the hook in front of SIGINT's handler, unless it is there already or there is no handler.
-void ensure_hook() {
+// Puts the hook in front of SIGINT's handler, unless it is there already or there is no handler;
+// says whether it did (a SIGINT that came before was not counted).
+bool ensure_hook() {
   static std::mutex mutex;
   std::lock_guard<std::mutex> lock(mutex);
   struct sigaction current;
   if (sigaction(SIGINT, nullptr, &current) != 0 || is_hook(current) || !is_function(current)) {
-    return;
+    return false;
   }
   chained.store(saved(current), std::memory_order_release);
   struct sigaction mine = current;  // the same mask and flags (SA_RESTART, SA_ONSTACK, ...)
   mine.sa_sigaction = hook;
   mine.sa_flags = current.sa_flags | SA_SIGINFO;
-  sigaction(SIGINT, &mine, nullptr);
+  return sigaction(SIGINT, &mine, nullptr) == 0;
 }
 
 // Forks bump this, so that a thread's cached answer below is computed again in the child.
@@ -111,7 +118,7 @@ bool python_handles_signals_here() {
 
 #else  // no POSIX signals: an Interrupt never stops anything
 
-void ensure_hook() {}
+bool ensure_hook() { return false; }
 bool python_handles_signals_here() { return false; }
 
 #endif
@@ -120,8 +127,13 @@ bool python_handles_signals_here() { return false; }
 
 Interrupt::Interrupt()
     : caller_(std::this_thread::get_id()), armed_(python_handles_signals_here()), seen_(0) {
-  if (armed_) ensure_hook();
-  seen_.store(sigint_count.load(std::memory_order_acquire), std::memory_order_relaxed);
+  uint64_t start = sigint_count.load(std::memory_order_acquire);
+  if (armed_) {
+    // Just hooked: anything earlier was not counted, so the first check asks Python anyway.
+    start = ensure_hook() ? sigint_count.load(std::memory_order_acquire) - 1
+                          : asked_python.load(std::memory_order_acquire);
+  }
+  seen_.store(start, std::memory_order_relaxed);
 }
 
 bool Interrupt::on_signal() {
@@ -131,7 +143,9 @@ bool Interrupt::on_signal() {
   const uint64_t now = sigint_count.load(std::memory_order_acquire);
   if (armed_) {
     const PyGILState_STATE gil = PyGILState_Ensure();
-    if (PyErr_CheckSignals() != 0) {  // Python's handler raised: that exception ends the op
+    const int raised = PyErr_CheckSignals();
+    asked_python.store(now, std::memory_order_release);  // every SIGINT counted is handled now
+    if (raised != 0) {  // Python's handler raised: that exception ends the op
       stopped_.store(true, std::memory_order_release);
       python_error error;  // torch's (global namespace): Python gets the exception itself back
       error.persist();
