@@ -170,6 +170,7 @@ class Child:
     def _pump(stream, put):
         for line in stream:
             put(line.rstrip("\n"))
+        put(None)  # the child closed it: it exited
 
     def expect(self, wanted, timeout=FINISH_TIMEOUT_S):
         """Waits for a line starting with `wanted`; returns it, or fails with the child's stderr.
@@ -182,6 +183,9 @@ class Child:
             except queue.Empty:
                 self.kill()
                 pytest.fail(f"no {wanted!r} from the child within {timeout:.1f} s\n" + self.errors())
+            if line is None:
+                self.lines.put(None)
+                pytest.fail(f"the child exited before saying {wanted!r}\n" + self.errors())
             if line.startswith(wanted):
                 return line
             if line.startswith(("finished", "interrupted", "handler")):
@@ -200,7 +204,7 @@ class Child:
 
     def errors(self):
         time.sleep(0.2)
-        return "child stderr:\n" + "\n".join(self.stderr[-40:])
+        return "child stderr:\n" + "\n".join(line for line in self.stderr[-40:] if line is not None)
 
     def kill(self):
         if self.proc.poll() is None:
@@ -262,19 +266,20 @@ def handler(signum, frame):
     print("handler called", flush=True)
 signal.signal(signal.SIGINT, handler)
 """
-_GOES_ON = {  # name: (make, call, probe units, K)
-    "nms": (_NMS_MAKE, "L.nms(a[0], a[1], 0.99)", 10_000, 4),
-    "roi_align": (_ROI_MAKE, "L.roi_align(a[0], a[1], 7, 1.0, 32, True)", 10, 10),
+_GOES_ON = {  # name: (make, call, probe units, K, power: the cost grows as units ** power)
+    "nms": (_NMS_MAKE, "L.nms(a[0], a[1], 0.99)", 10_000, 4, 2),  # most boxes kept: quadratic
+    "roi_align": (_ROI_MAKE, "L.roi_align(a[0], a[1], 7, 1.0, 32, True)", 10, 10, 1),
 }
 
 
-def _long_enough(make, call, units, times):
-    """Code that sets `a` to arguments on which `call` lasts at least about 4 SIGNAL_DELAY_S."""
+def _long_enough(make, call, units, times, power):
+    """Code that sets `a` to arguments on which `call` lasts about 8 SIGNAL_DELAY_S or more."""
     return (
         make
         + f"a = make({units})\n"
-        + "t = time.monotonic()\n" + call + "\nprobe = time.monotonic() - t\n"
-        + f"a = make(max({units * times}, int({units} * {4 * SIGNAL_DELAY_S} / probe) + 1))\n"
+        + "def timed(a):\n    t = time.monotonic()\n    " + call + "\n    return time.monotonic() - t\n"
+        + "probe = min(timed(a), timed(a))\n"
+        + f"a = make(max({units * times}, int({units} * ({8 * SIGNAL_DELAY_S} / probe) ** (1 / {power})) + 1))\n"
         + "run = lambda: " + call + "\n"
     )
 
@@ -320,17 +325,19 @@ def test_an_ignored_sigint_changes_nothing():
 
 def test_an_op_on_another_thread_runs_to_its_end():
     # Python interrupts its main thread only: there the wait for the thread raises, while the op
-    # on the other thread runs on to its full answer.
+    # on the other thread runs on to its full answer. (An Event, not Thread.join: a join that
+    # KeyboardInterrupt broke may return at once the next time, the thread still running.)
     child = Child(
         _long_enough(*_GOES_ON["nms"])
         + "import threading\n"
         + "out = {}\n"
-        + "worker = threading.Thread(target=lambda: out.update(keep=run()))\n"
+        + "done = threading.Event()\n"
+        + "worker = threading.Thread(target=lambda: (out.update(keep=run()), done.set()))\n"
         + 'print("ready", flush=True)\n'
         + "worker.start()\n"
-        + "try:\n    worker.join()\n"
+        + "try:\n    done.wait()\n"
         + 'except KeyboardInterrupt:\n    print("interrupted", flush=True)\n'
-        + "worker.join()\n"
+        + "done.wait()\n"
         + 'print("finished", flush=True)\n'
         + 'assert torch.equal(out["keep"], run())\n'
         + 'print("same answer", flush=True)\n'

@@ -15,8 +15,10 @@
 // Python's main thread (the only one Python interrupts), only over a handler function (ignored or
 // default SIGINT stays as the process set it), and put back when something replaced it (Python's
 // signal.signal installs its own C handler anew). Without Python (TorchScript run from C++), on
-// other threads, or when SIGINT is ignored, an Interrupt never stops anything. Nothing outlives
-// an op but the hook and its counter: the next call starts afresh.
+// other threads, or when SIGINT is ignored, an Interrupt never stops anything. A SIGINT that came
+// while the op was starting (before its first check) is seen by that first check: an op starts
+// from the count Python was last asked about (interrupt.cpp). Nothing else outlives an op: the
+// next call starts afresh.
 #pragma once
 
 #include <algorithm>
