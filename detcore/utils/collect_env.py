@@ -107,7 +107,7 @@ def collect_env_rows():
             rows.append((f"GPU {i}", f"{torch.cuda.get_device_name(i)} (sm_{major}{minor})"))
         rows.append(("cuDNN", str(torch.backends.cudnn.version())))
     rows += _extension_rows(torch)
-    from detcore.utils.cuda_home import find_cuda_home
+    from detcore.utils.build_config import find_cuda_home
 
     cuda_home = find_cuda_home()
     rows.append(("CUDA toolkit", str(cuda_home)))
