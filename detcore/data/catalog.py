@@ -74,11 +74,14 @@ def _register_on_first_use(name: str) -> None:
 def dataset_folder_name(name: str) -> str:
     """A file name standing for dataset ``name`` (its folder under OUTPUT_DIR/inference/): the
     name itself when it is one already, else its characters outside ``[A-Za-z0-9._-]`` replaced
-    by '_' (the last 80 kept) and 8 hex digits of its hash appended, so that two names never share
-    a folder (``coco:/data/a/val.json`` -> ``coco_data_a_val.json_<hash>``)."""
+    by '_' (of a long name, its first 20 and last 60 characters) and 8 hex digits of its hash
+    appended, so that two names never share a folder (``coco:/data/a/val.json`` ->
+    ``coco_data_a_val.json_<hash>``)."""
     if re.fullmatch(r"[A-Za-z0-9._-]+", name) and name not in (".", ".."):
         return name
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[-80:]
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")
+    if len(safe) > 80:
+        safe = f"{safe[:20]}__{safe[-60:]}"
     return f"{safe}_{hashlib.sha256(name.encode('utf-8')).hexdigest()[:8]}"
 
 

@@ -67,6 +67,8 @@ def test_dataset_folder_name():
     assert a.startswith("coco_data_a_val.json_") and b.startswith("coco_data_a_val.json_") and a != b
     assert "/" not in a and ":" not in a
     assert dataset_folder_name("..") not in ("..", "") and "/" not in dataset_folder_name("a/../..")
+    long = dataset_folder_name("coco:/" + "deep/" * 40 + "val.json")
+    assert long.startswith("coco_deep_") and "_deep_val.json_" in long and len(long) < 100
 
 
 # --- COCO json ------------------------------------------------------------------------------------
