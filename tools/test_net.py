@@ -17,6 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from detcore.config import get_cfg  # noqa: E402
+from detcore.data import dataset_folder_name  # noqa: E402
 from detcore.engine import DefaultTrainer, default_setup, format_results, launch, load_model_weights  # noqa: E402
 from detcore.modeling import ProposalNetwork  # noqa: E402
 from detcore.utils import comm  # noqa: E402
@@ -58,7 +59,8 @@ def _rpn_recall(cfg, model):
     rpn = ProposalNetwork.from_detector(comm.unwrap_model(model))
     evaluators = [
         DefaultTrainer.build_evaluator(
-            cfg, name, os.path.join(cfg.OUTPUT_DIR, "inference", f"{name}_proposals"), tasks=("box_proposals",)
+            cfg, name, os.path.join(cfg.OUTPUT_DIR, "inference", f"{dataset_folder_name(name)}_proposals"),
+            tasks=("box_proposals",),
         )
         for name in cfg.DATASETS.TEST
     ]

@@ -8,8 +8,8 @@ AP, AP50, AP75, APs, APm, APl (keypoints: AP, AP50, AP75, APm, APl, as COCO has 
 persons with keypoints) and per-category AP, in percent. Keypoint AP ranks detections by object
 keypoint similarity (OKS) with the dataset's per-keypoint constants (``keypoint_oks_sigmas``).
 
-The ground truth is a COCO json file, given directly or found through a ``metadata_fn`` that
-maps a dataset name to its metadata. Its unusable annotations (non-finite or absurd
+The ground truth is a COCO json file, given directly or found through the metadata of a dataset
+name (``MetadataCatalog``, or a ``metadata_fn`` given instead). Its unusable annotations (non-finite or absurd
 coordinates, empty boxes, no real polygon) are dropped with a logged count before pycocotools
 sees them, by the same rule as in training (``detcore.data.datasets.annotation_checks``). With no
 detections at all, AP is 0 wherever there is ground truth to miss.
@@ -215,7 +215,9 @@ class COCOEvaluator(DatasetEvaluator):
     """COCO box / mask / keypoint AP of instance predictions against a COCO json ground truth.
 
     Args:
-        dataset_name: path to the COCO json, or a dataset name that ``metadata_fn`` resolves.
+        dataset_name: path to the COCO json, or the name of a dataset: registered in
+            ``DatasetCatalog`` (``coco:JSON[:IMAGE_ROOT]`` / ``voc:FOLDER[:SPLIT]`` names register
+            themselves), or one that ``metadata_fn`` resolves.
         tasks: any of ``"bbox"``, ``"segm"``, ``"keypoints"``, ``"box_proposals"``. ``"segm"``
             (``"keypoints"``) is skipped (with a warning) when the predictions carry no masks
             (keypoints) or the ground truth has no segmentations (keypoints).
@@ -226,7 +228,7 @@ class COCOEvaluator(DatasetEvaluator):
         distributed: gather predictions from all ranks to rank 0 when torch.distributed is
             initialized; only rank 0 evaluates (the others return an empty dict).
         metadata_fn: ``name -> metadata`` (object or dict) with ``json_file`` and optionally
-            ``thing_dataset_id_to_contiguous_id``; e.g. ``MetadataCatalog.get``. A dataset whose
+            ``thing_dataset_id_to_contiguous_id``; default ``MetadataCatalog.get``. A dataset whose
             metadata names no ``json_file`` (one registered from code) is converted to a COCO
             json from its records (``convert_to_coco_json``), cached in ``output_dir`` (else in
             the detcore cache folder) and reused while the records stay the same.
@@ -293,11 +295,20 @@ class COCOEvaluator(DatasetEvaluator):
         if os.path.isfile(name):
             return name, None
         if metadata_fn is None:
-            raise ValueError(
-                f"COCOEvaluator: '{name}' is not a json file; pass the path of a COCO json, or a "
-                f"dataset name together with metadata_fn (name -> metadata with json_file)"
-            )
-        metadata = metadata_fn(name)
+            from detcore.data import DatasetCatalog, MetadataCatalog
+
+            known = name in MetadataCatalog
+            metadata = MetadataCatalog.get(name)  # registers a coco: / voc: name on first use
+            if name not in DatasetCatalog and not metadata.has("json_file"):
+                if not known:
+                    MetadataCatalog.remove(name)  # the empty entry that get just made
+                raise ValueError(
+                    f"COCOEvaluator: '{name}' is neither a json file nor a registered dataset; pass the path of a "
+                    f"COCO json, a name registered in DatasetCatalog (or a coco:JSON[:IMAGE_ROOT] / "
+                    f"voc:FOLDER[:SPLIT] name), or metadata_fn (name -> metadata with json_file)"
+                )
+        else:
+            metadata = metadata_fn(name)
         json_file = _meta_get(metadata, "json_file")
         if not json_file:
             # A dataset registered from code: score it against its own records.
