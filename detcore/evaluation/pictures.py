@@ -46,6 +46,18 @@ def _worst(ap: np.ndarray, limit: int) -> np.ndarray:
     return np.sort(order[:limit])
 
 
+def _most_errors(matrix: np.ndarray, limit: int) -> np.ndarray:
+    """Indices of the ``limit`` classes of a ``[K + 1, K + 1]`` confusion matrix with the most
+    errors (their row and column less the diagonal), in their original order; all of them when
+    there are no more than ``limit``."""
+    k = matrix.shape[0] - 1
+    if k <= limit:
+        return np.arange(k)
+    diagonal = np.diag(matrix)[:k]
+    errors = matrix.sum(axis=0)[:k] + matrix.sum(axis=1)[:k] - 2 * diagonal
+    return np.sort(np.argsort(-errors, kind="stable")[:limit])
+
+
 def plot_pr_curves(pr: PrecisionRecall, out_png: str, task: str = "bbox"):
     """One panel per class: precision against recall at IoU 0.5, 0.75 and the 0.5:0.95 mean, the
     class's AP in its title. With more than ``MAX_CLASSES_DRAWN`` classes, the worst ones."""
@@ -133,14 +145,21 @@ def plot_confusion_matrix(
     """The ``[K + 1, K + 1]`` matrix of ``error_analysis.confusion_matrix``: rows the ground
     truth, columns the detections, the last of each "background"; each cell's count written in
     it (every count up to 30 classes, the non-zero ones beyond), coloured by its share of the
-    row."""
+    row. With more than ``MAX_CLASSES_DRAWN`` classes, those with the most errors (off the
+    diagonal, in their row or column), each row still coloured by its share of the whole row."""
     matrix = np.asarray(matrix)
     k = len(names)
     if matrix.shape != (k + 1, k + 1):
         raise ValueError(f"plot_confusion_matrix: the matrix must be [{k + 1}, {k + 1}] for {k} names, got {matrix.shape}")
-    labels = list(names) + ["background"]
     rows = matrix.sum(axis=1, keepdims=True)
     share = np.divide(matrix, rows, out=np.zeros(matrix.shape, dtype=np.float64), where=rows > 0)
+    shown = _most_errors(matrix, MAX_CLASSES_DRAWN)
+    if len(shown) < k:
+        cells = np.ix_(np.append(shown, k), np.append(shown, k))
+        matrix, share, names = matrix[cells], share[cells], [names[i] for i in shown]
+    more = f" ({len(shown)} of {k} classes: those with the most errors)" if len(shown) < k else ""
+    k = len(names)
+    labels = list(names) + ["background"]
     cell = float(np.clip(9.0 / (k + 1), 0.3, 1.1))
     side = cell * (k + 1)
     fig = new_figure(side + 2.8, side + 2.4)
@@ -164,7 +183,7 @@ def plot_confusion_matrix(
     bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     bar.set_label("share of the row", fontsize=9)
     ax.set_title(
-        f"{_TASK_NAMES.get(task, task)} confusion matrix: IoU >= {iou_threshold:g}, score >= {score_threshold:g}\n"
+        f"{_TASK_NAMES.get(task, task)} confusion matrix: IoU >= {iou_threshold:g}, score >= {score_threshold:g}{more}\n"
         f"(counts; greedy by score, each detection to the unmatched ground truth of highest IoU)",
         fontsize=10,
     )

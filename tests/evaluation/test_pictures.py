@@ -170,3 +170,24 @@ def test_pictures_can_be_turned_off_and_a_drawing_failure_costs_no_numbers(synth
         results = run(COCOEvaluator(data.json_file, "bbox", str(failing)), data)
     assert results["bbox"]["AP"] > 0 and (failing / METRICS_FILE).is_file()
     assert "could not draw the evaluation pictures" in caplog.text and "no canvas" in caplog.text
+
+
+def test_many_classes_keep_the_worst(tmp_path, monkeypatch):
+    from detcore.evaluation import pictures
+
+    monkeypatch.setattr(pictures, "MAX_CLASSES_DRAWN", 3)
+    names = ["a", "b", "c", "d", "e"]
+    ap = np.array([50.0, 10.0, np.nan, 30.0, 5.0])
+    ax = plot_per_category_ap(ap, names, str(tmp_path / "ap.png")).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["d", "b", "e"]  # lowest AP, best first
+    # Errors per class (row + column off the diagonal): a 2, b 6, c 0, d 3, e 3.
+    matrix = np.zeros((6, 6), dtype=np.int64)
+    matrix[0, 0], matrix[0, 5] = 9, 1
+    matrix[1, 5], matrix[5, 1], matrix[1, 3], matrix[1, 0] = 2, 2, 1, 1
+    matrix[3, 5], matrix[5, 3] = 1, 1
+    matrix[4, 4], matrix[4, 5], matrix[5, 4] = 4, 1, 2
+    ax = plot_confusion_matrix(matrix, names, str(tmp_path / "cm.png")).axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["b", "d", "e", "background"]
+    shares = ax.images[0].get_array()
+    np.testing.assert_allclose(shares[0], [0, 1 / 4, 0, 2 / 4])  # b's row: of its 4, one went to a (not shown)
+    assert "3 of 5 classes" in ax.get_title()
