@@ -54,7 +54,7 @@ def _xyxy(xywh) -> np.ndarray:
     return b
 
 
-def _instances(coco_gt, image_id: int, m: ImageMatches, results: List[dict], cat_ids: Sequence[int], task: str):
+def _instances(coco_gt, image_id: int, m: ImageMatches, results: List[dict], cat_ids: Sequence[int]):
     """The image's non-crowd ground truth and its detections above the threshold as
     ``Instances`` for the visualizer, and their boxes (xyxy, for the error frames)."""
     info = coco_gt.imgs[image_id]
@@ -130,7 +130,7 @@ def draw_error_gallery(
         image = _read(m.image_id, coco_gt, image_files, image_root)
         if image is None:
             continue
-        gt, dt, missed, wrong = _instances(coco_gt, m.image_id, m, results, cat_ids, task)
+        gt, dt, missed, wrong = _instances(coco_gt, m.image_id, m, results, cat_ids)
         left, scale = _panel(image, gt, names)
         right, _ = _panel(image, dt, names)
         cells.append((m, left, right, missed * scale, wrong * scale))
