@@ -108,7 +108,7 @@ setup(
     description="Mask R-CNN style detection and instance segmentation with compiled NMS/ROIAlign",
     packages=find_packages(exclude=("tests", "tests.*", "tools", "configs")),
     python_requires=">=3.9",
-    install_requires=["torch", "yacs", "numpy", "pycocotools", "opencv-python-headless"],
+    install_requires=["torch", "yacs", "numpy", "pycocotools", "opencv-python-headless", "matplotlib"],
     extras_require={
         "test": ["pytest", "hypothesis", "torchvision", "imgviz", "onnx", "onnxruntime", "onnxscript"],
         "export": ["onnx", "onnxruntime", "onnxscript"],

@@ -12,7 +12,7 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
 fi
 # tensorboard and onnx, onnxruntime, onnxscript (export) are optional for users; installed here so
 # the tests run them too.
-"$PYTHON" -m pip install "setuptools>=64" wheel yacs numpy pycocotools opencv-python-headless ninja pytest hypothesis imgviz tensorboard onnx onnxruntime onnxscript
+"$PYTHON" -m pip install "setuptools>=64" wheel yacs numpy pycocotools opencv-python-headless matplotlib ninja pytest hypothesis imgviz tensorboard onnx onnxruntime onnxscript
 # cityscapesscripts: the Cityscapes label table, polygon drawing and instance AP (the loader and
 # evaluator call its functions; nothing is downloaded).
 "$PYTHON" -m pip install cityscapesscripts

@@ -5,7 +5,9 @@
         MODEL.WEIGHTS output/e2e_mask_rcnn_R_18_FPN_shapes/model_final.pth
     torchrun --nproc_per_node 2 tools/test_net.py --config-file X MODEL.WEIGHTS ckpt.pth
 
-Results are also saved under OUTPUT_DIR/inference/<dataset>/ (predictions and metrics json).
+Results are also saved under OUTPUT_DIR/inference/<dataset>/ (predictions and metrics json, and
+pictures of the evaluation: PR curves, per-class AP, confusion matrix, the images with the most
+errors; TEST.EVAL_PICTURES False leaves them out).
 A ProposalNetwork (RPN-only) config is scored by its proposals' recall (AR@100 / AR@1000, all and
 by object size); `--proposal-recall` adds that of an R-CNN's RPN to its AP (a second pass over the
 data, in OUTPUT_DIR/inference/<dataset>_proposals/).

@@ -338,12 +338,13 @@ class DefaultTrainer(TrainerBase):
             )
         if tasks is None and issubclass(META_ARCH_REGISTRY.get(cfg.MODEL.META_ARCHITECTURE), ProposalNetwork):
             tasks = ("box_proposals",)
+        pictures = cfg.TEST.EVAL_PICTURES
         if tasks is not None:
-            return COCOEvaluator(dataset_name, tasks, output_folder, distributed=True)
+            return COCOEvaluator(dataset_name, tasks, output_folder, distributed=True, pictures=pictures)
         if kind == "pascal_voc":
             return PascalVOCDetectionEvaluator(dataset_name, output_folder, distributed=True)
         tasks = ("bbox",) + (("segm",) if cfg.MODEL.MASK_ON else ()) + (("keypoints",) if cfg.MODEL.KEYPOINT_ON else ())
-        coco = COCOEvaluator(dataset_name, tasks, output_folder, distributed=True)
+        coco = COCOEvaluator(dataset_name, tasks, output_folder, distributed=True, pictures=pictures)
         if kind == "cityscapes_instance":
             return DatasetEvaluators([CityscapesInstanceEvaluator(dataset_name, output_folder), coco])
         return coco

@@ -50,6 +50,9 @@ def test_test_net_prints_ap_of_a_checkpoint(tiny_cache, tmp_path):
     stdout = run("test_net.py", [*TOY, "MODEL.WEIGHTS", weights, "OUTPUT_DIR", str(out)], tiny_cache)
     assert_prints_ap(stdout, ["bbox"])
     assert (out / "inference" / TINY_VAL / "coco_eval_metrics.json").is_file()
+    # The pictures beside the metrics (their content: tests/evaluation/test_pictures.py).
+    for name in ("bbox_pr_curves.png", "bbox_per_category_ap.png", "bbox_confusion_matrix.png"):
+        assert (out / "inference" / TINY_VAL / name).is_file(), name
 
 
 def assert_prints_ar(stdout):
