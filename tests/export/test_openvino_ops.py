@@ -1,0 +1,82 @@
+"""detcore's ops through the OpenVINO path (ONNX export, OpenVINO's ONNX frontend, its CPU plugin
+in float32), alone: the same indices (nms, batched_nms, with many tied scores) and values
+(roi_align with both `aligned` settings and adaptive / fixed sampling, on boxes from below a pixel
+to larger than the map; roi_pool) as detcore in eager, at sizes not seen
+at export and on empty inputs. This is where OpenVINO's ROIAlign semantics (aligned_mode
+half_pixel_for_nn / asymmetric) are held to detcore's. Tolerances as for onnxruntime
+(test_onnx_ops.py): indices and roi_pool equal, roi_align rtol 1e-5 atol 1e-6, deform_conv2d
+rtol / atol 1e-5. OpenVINO has no conversion of ONNX's DeformConv: that refusal is tested too."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("openvino")
+pytest.importorskip("onnxscript")
+
+import detcore.export  # noqa: E402
+from detcore.export.openvino_format import compile_openvino, onnx_to_openvino  # noqa: E402
+from detcore.layers import roi_pool  # noqa: E402
+from tests.export.test_onnx_ops import DEFORM_CASES, Ops, _inputs, _pool_and_deform_inputs  # noqa: E402
+
+
+def _compiled(program, tmp_path):
+    path = str(tmp_path / "ops.xml")
+    onnx_to_openvino(program, path)
+    return compile_openvino(path, num_threads=1)
+
+
+def _run(compiled, inputs):
+    results = compiled([t.numpy() for t in inputs])
+    return [results[port] for port in compiled.outputs]
+
+
+@pytest.mark.parametrize("aligned,sampling_ratio", [(True, 0), (False, 2), (False, 0), (True, 3)])
+def test_openvino_ops_equal_eager(tmp_path, aligned, sampling_ratio):
+    module = Ops(aligned, sampling_ratio)
+    n, k = torch.export.Dim("n"), torch.export.Dim("k")
+    h, w = torch.export.Dim("h"), torch.export.Dim("w")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = detcore.export.export_onnx(
+            module, _inputs(50, 6, seed=0), dynamic_shapes=({0: n}, {0: n}, {0: n}, {2: h, 3: w}, {0: k}), verbose=False
+        )
+    compiled = _compiled(program, tmp_path)
+    for seed, (count, num_rois, size) in enumerate([(50, 6, (12, 14)), (333, 17, (9, 21)), (1, 1, (5, 5)), (0, 0, (12, 14))]):
+        inputs = _inputs(count, num_rois, seed=seed + 1, size=size)
+        got = _run(compiled, inputs)
+        keep, batched_keep, pooled = module(*inputs)
+        assert np.array_equal(got[0], keep.numpy()), (count, got[0], keep)
+        assert np.array_equal(got[1], batched_keep.numpy()), (count, got[1], batched_keep)
+        assert got[2].shape == tuple(pooled.shape)
+        np.testing.assert_allclose(got[2], pooled.numpy(), rtol=1e-5, atol=1e-6)
+
+
+class Pool(torch.nn.Module):
+    def forward(self, features, rois):
+        return roi_pool(features, rois, (3, 4), 0.5)
+
+
+def test_openvino_roi_pool_equals_eager(tmp_path):
+    example = _pool_and_deform_inputs(DEFORM_CASES[0], 6, seed=0, size=(12, 14))[:2]
+    k, h, w = torch.export.Dim("k"), torch.export.Dim("h", min=6), torch.export.Dim("w", min=6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = detcore.export.export_onnx(Pool(), example, dynamic_shapes=({2: h, 3: w}, {0: k}), verbose=False)
+    compiled = _compiled(program, tmp_path)
+    for seed, (num_rois, size) in enumerate([(6, (12, 14)), (40, (9, 21)), (0, (12, 14))]):
+        features, rois = _pool_and_deform_inputs(DEFORM_CASES[0], num_rois, seed + 1, size)[:2]
+        (got,) = _run(compiled, [features, rois])
+        pooled = Pool()(features, rois)
+        assert got.shape == tuple(pooled.shape) and np.array_equal(got, pooled.numpy())
+
+
+def test_deformable_models_are_refused_before_tracing(tmp_path):
+    from detcore.config import get_cfg
+
+    cfg = get_cfg()
+    cfg.merge_from_list(["MODEL.RESNETS.DEFORM_ON_PER_STAGE", [False, True, True, True]])
+    with pytest.raises(ValueError, match=r"OpenVINO cannot convert this model: .*DeformConv.*--format onnx"):
+        detcore.export.check_export_request(cfg, "openvino", str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
