@@ -28,7 +28,9 @@ float32 IR in bfloat16 unless told otherwise. ``compile_openvino`` asks for floa
 openvino is an optional dependency (``pip install 'detcore[openvino]'``): without it the format is
 refused before anything is traced.
 """
+import contextlib
 import os
+import sys
 import tempfile
 from typing import Optional
 
@@ -40,15 +42,39 @@ _FLOAT32 = {"INFERENCE_PRECISION_HINT": "f32"}
 
 
 def import_openvino():
-    """The ``openvino`` module, or an ImportError saying what to install."""
+    """The ``openvino`` module, or an ImportError saying what to install.
+
+    Imported with openvino-telemetry hidden: ``import openvino`` (through openvino.tools.ovc)
+    otherwise sends a usage event to Intel over the network unless the user opted out, and
+    detcore must not reach the internet unasked. Hidden, OpenVINO falls back to its own no-op
+    telemetry stub for this process. Where openvino was imported before, nothing changes."""
     try:
-        import openvino
+        if "openvino" in sys.modules:
+            import openvino
+        else:
+            with _telemetry_hidden():
+                import openvino
     except ImportError as e:
         raise ImportError(
             f"the OpenVINO format needs the openvino package, which is not installed ({e}). Install it with: "
             f"{INSTALL_HINT}"
         ) from None
     return openvino
+
+
+@contextlib.contextmanager
+def _telemetry_hidden():
+    # A None entry in sys.modules makes `import openvino_telemetry` raise ImportError.
+    missing = object()
+    saved = sys.modules.get("openvino_telemetry", missing)
+    sys.modules["openvino_telemetry"] = None
+    try:
+        yield
+    finally:
+        if saved is missing:
+            del sys.modules["openvino_telemetry"]
+        else:
+            sys.modules["openvino_telemetry"] = saved
 
 
 def openvino_version() -> Optional[str]:
@@ -66,7 +92,9 @@ def onnx_to_openvino(onnx_program, xml_path: str) -> None:
     with tempfile.TemporaryDirectory(prefix="detcore_openvino_") as folder:
         onnx_path = os.path.join(folder, "model.onnx")
         onnx_program.save(onnx_path)
-        model = ov.convert_model(onnx_path)
+        # The runtime's ONNX frontend, not ov.convert_model: the same conversion, without
+        # convert_model's usage reports (openvino-telemetry, see import_openvino).
+        model = ov.Core().read_model(onnx_path)
     for node in model.get_ordered_ops():
         if node.get_type_name() == "TopK" and "stable" in node.get_attributes():
             node.set_attribute("stable", True)

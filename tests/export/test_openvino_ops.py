@@ -80,3 +80,37 @@ def test_deformable_models_are_refused_before_tracing(tmp_path):
     with pytest.raises(ValueError, match=r"OpenVINO cannot convert this model: .*DeformConv.*--format onnx"):
         detcore.export.check_export_request(cfg, "openvino", str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+def test_conversion_sends_no_telemetry(tmp_path):
+    """``import openvino`` and ov.convert_model start openvino-telemetry, which reports usage to
+    Intel over the network unless the user opted out; detcore's import of openvino and its
+    conversion must never start it (checked in a fresh process, where openvino is not imported
+    yet: Telemetry's setup is replaced by one that records the call)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import openvino_telemetry\n"
+        "started = []\n"
+        "def refuse(self, *args, **kwargs):\n"
+        "    started.append(kwargs.get('app_name') or args[:1])\n"
+        "    raise RuntimeError('detcore started OpenVINO telemetry')\n"
+        "openvino_telemetry.Telemetry.init = refuse\n"
+        "import onnx\n"
+        "from onnx import TensorProto, helper\n"
+        "from detcore.export.openvino_format import onnx_to_openvino\n"
+        "graph = helper.make_graph([helper.make_node('Relu', ['x'], ['y'])], 'relu',\n"
+        "    [helper.make_tensor_value_info('x', TensorProto.FLOAT, [2, 3])],\n"
+        "    [helper.make_tensor_value_info('y', TensorProto.FLOAT, [2, 3])])\n"
+        "model = helper.make_model(graph, opset_imports=[helper.make_opsetid('', 19)])\n"
+        "class Program:  # what onnx_to_openvino reads of a torch.onnx.ONNXProgram\n"
+        "    def save(self, path):\n"
+        "        onnx.save(model, path)\n"
+        f"onnx_to_openvino(Program(), {str(tmp_path / 'relu.xml')!r})\n"
+        "assert not started, started\n"
+    )
+    root = __file__.rsplit("/tests/", 1)[0]
+    result = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "relu.bin").exists()
