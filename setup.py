@@ -112,6 +112,8 @@ setup(
     extras_require={
         "test": ["pytest", "hypothesis", "torchvision", "imgviz", "onnx", "onnxruntime", "onnxscript"],
         "export": ["onnx", "onnxruntime", "onnxscript"],
+        # The OpenVINO format (converted from the ONNX export) and, later, its int8 quantization.
+        "openvino": ["onnx", "onnxscript", "openvino", "nncf"],
     },
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},

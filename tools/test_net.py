@@ -11,6 +11,12 @@ errors; TEST.EVAL_PICTURES False leaves them out).
 A ProposalNetwork (RPN-only) config is scored by its proposals' recall (AR@100 / AR@1000, all and
 by object size); `--proposal-recall` adds that of an R-CNN's RPN to its AP (a second pass over the
 data, in OUTPUT_DIR/inference/<dataset>_proposals/).
+
+`--exported DIR` evaluates an export (tools/export_model.py's folder, any format) instead, through
+its runtime, with the config and datasets recorded in its export.json (KEY VALUE overrides, e.g.
+DATASETS.TEST "('shapes_val',)"); results go to DIR/evaluation/ unless OUTPUT_DIR is given:
+
+    python tools/test_net.py --exported exported/ --threads 2
 """
 import argparse
 import os
@@ -27,16 +33,23 @@ from detcore.utils import comm  # noqa: E402
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config-file", required=True, metavar="FILE", help="path to the yaml config")
+    parser.add_argument("--config-file", metavar="FILE", help="path to the yaml config (not with --exported)")
     parser.add_argument(
         "--proposal-recall", action="store_true",
         help="also report the proposal recall (AR@100/AR@1000) of a two-stage model's RPN",
     )
+    parser.add_argument(
+        "--exported", metavar="DIR",
+        help="evaluate the export in DIR (TorchScript, .pt2, ONNX or OpenVINO) with its export.json's config",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads of the export's runtime (--exported)")
     parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE overrides; set MODEL.WEIGHTS")
     return parser.parse_args(argv)
 
 
 def main(args):
+    if args.exported or not args.config_file:
+        return _test_exported(args)
     cfg = get_cfg()
     cfg.merge_from_file(args.config_file)
     cfg.merge_from_list(args.opts)
@@ -49,6 +62,24 @@ def main(args):
     results = DefaultTrainer.test(cfg, model)
     if args.proposal_recall and not isinstance(comm.unwrap_model(model), ProposalNetwork):
         results = _merge(results, _rpn_recall(cfg, model), len(cfg.DATASETS.TEST))
+    if comm.is_main_process():
+        print(format_results(results if len(cfg.DATASETS.TEST) == 1 else {
+            f"{name}/{task}": m for name, r in results.items() for task, m in r.items()
+        }))
+    return results
+
+
+def _test_exported(args):
+    """The AP of an exported artefact, run by its own runtime (detcore/export/exported_detector.py)."""
+    from detcore.export import ExportedDetector, exported_config, load_exported
+
+    if not args.exported or args.config_file or args.proposal_recall:
+        raise SystemExit("test_net: give --config-file (a checkpoint's config), or --exported DIR alone (the "
+                         "export's config is in its export.json; --proposal-recall needs the model's RPN)")
+    runner = load_exported(args.exported, args.threads)
+    cfg = exported_config(runner.metadata, args.exported, args.opts)
+    default_setup(cfg, args)
+    results = DefaultTrainer.test(cfg, ExportedDetector(runner))
     if comm.is_main_process():
         print(format_results(results if len(cfg.DATASETS.TEST) == 1 else {
             f"{name}/{task}": m for name, r in results.items() for task, m in r.items()
