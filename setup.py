@@ -110,7 +110,7 @@ setup(
     python_requires=">=3.9",
     install_requires=["torch", "yacs", "numpy", "pycocotools", "opencv-python-headless", "matplotlib"],
     extras_require={
-        "test": ["pytest", "hypothesis", "torchvision", "imgviz", "onnx", "onnxruntime", "onnxscript"],
+        "test": ["pytest", "hypothesis", "torchvision", "imgviz", "onnx", "onnxruntime", "onnxscript", "openvino"],
         "export": ["onnx", "onnxruntime", "onnxscript"],
         # The OpenVINO format (converted from the ONNX export) and, later, its int8 quantization.
         "openvino": ["onnx", "onnxscript", "openvino", "nncf"],
