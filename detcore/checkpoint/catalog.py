@@ -17,8 +17,10 @@ Where each URL and checksum comes from:
   ``download_url_to_file(hash_prefix=...)``), which torchvision's builders verify
   (``weights.get_state_dict(progress=progress, check_hash=True)``).
 * detectron2: ``_ModelZooUrls.CONFIG_PATH_TO_URL_SUFFIX`` of detectron2/model_zoo/model_zoo.py
-  and the download links of MODEL_ZOO.md (facebookresearch/detectron2 at 02b5c4e2; the two
-  agree, including the RetinaNet files republished as 190397773 / 190397829 / 190397697).
+  (facebookresearch/detectron2, checked at commit 03cd759c) and the download links of
+  MODEL_ZOO.md, which agree with it. Older MODEL_ZOO.md revisions link RetinaNet files of an
+  earlier training (137593951 / 137849486 / 138363263); the catalog has the ones model_zoo.py
+  names (190397773 / 190397829 / 190397697).
   MODEL_ZOO.md: "any model on this page contains its md5 prefix in its file name": the six hex
   digits of ``model_final_<md5 prefix>.pkl`` are the checksum.
 * detectron2's ImageNet bodies (MODEL_ZOO.md, "ImageNet Pretrained Models": MSRA R-50.pkl,

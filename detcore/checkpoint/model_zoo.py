@@ -218,8 +218,9 @@ def _config_roots() -> List[Path]:
 
 
 def get_config_file(name: str) -> str:
-    """The path of the preset config of catalog entry ``name``."""
-    entry = get_entry(name)
+    """The path of the preset config of catalog entry ``name`` (a name, alias, catalog URL or
+    ``detectron2://`` path)."""
+    entry = lookup(name) or get_entry(name)
     if entry.config is None:
         raise ValueError(
             f"{entry.name} has no preset config in detcore (it is an ImageNet body): give one with "
@@ -236,7 +237,7 @@ def get_config(name: str, device: Optional[str] = None):
     """The preset config of catalog entry ``name`` with MODEL.WEIGHTS set to it (for an
     ImageNet body: the preset that trains from it). MODEL.DEVICE becomes ``device`` when given;
     otherwise a preset asking for CUDA on a machine without it gets "cpu"."""
-    entry = get_entry(name)
+    entry = lookup(name) or get_entry(name)
     cfg = get_cfg()
     cfg.merge_from_file(get_config_file(entry.name))
     cfg.MODEL.WEIGHTS = entry.name

@@ -63,6 +63,8 @@ def demo_config(config_file: Optional[str] = None, model: Optional[str] = None, 
         if model:
             cfg.MODEL.WEIGHTS = model
     elif model:
+        if model_zoo.lookup(model) is None and model.startswith(("https://", "http://")):
+            raise ValueError(f"--model {model} is a URL outside detcore's catalog: it has no preset, give --config-file too")
         cfg = model_zoo.get_config(model)
     else:
         raise ValueError("give a config file (--config-file), a catalog model (--model), or both")

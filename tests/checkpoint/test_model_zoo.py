@@ -151,3 +151,11 @@ def test_register_refuses_taken_names(monkeypatch):
         register("team/resnet50")
     with pytest.raises(ValueError, match="url must start with https://"):
         ZooEntry("x", "ftp://h/x.pth", None, "none", "detcore", None, None)
+
+
+def test_the_catalog_table_lists_every_entry():
+    table = model_zoo.catalog_table().splitlines()
+    assert len(table) == 2 + len(CATALOG)
+    for entry, row in zip(CATALOG.values(), table[2:]):
+        assert f"`{entry.name}`" in row and entry.url in row
+        assert (entry.checksum.prefix in row) if entry.checksum else ("layout checked" in row)

@@ -119,6 +119,11 @@ def test_demo_config_from_a_model_name_a_config_file_or_both(tmp_path):
     assert cfg.MODEL.WEIGHTS == "mine.pth"
     with pytest.raises(ValueError, match="give a config file"):
         demo_config()
+    with pytest.raises(ValueError, match="URL outside detcore's catalog: it has no preset, give --config-file"):
+        demo_config(model="https://example.org/model.pth")
+    url = "https://dl.fbaipublicfiles.com/detectron2/COCO-Detection/retinanet_R_50_FPN_1x/190397773/model_final_bfca0b.pkl"
+    cfg = demo_config(model=url)  # a catalog URL: its entry's preset
+    assert cfg.MODEL.META_ARCHITECTURE == "RetinaNet" and cfg.MODEL.WEIGHTS == "detectron2/COCO-Detection/retinanet_R_50_FPN_1x"
 
 
 def test_demo_names_classes_by_what_the_weights_predict():
