@@ -88,6 +88,21 @@ def test_plain_urls_checked_by_their_hash_in_the_name_or_fragment(cache):
             resolve_weights(f"{state.url}/files/plain.pth#sha256=ffffffff")
 
 
+def test_progress_is_shown_while_downloading(server, monkeypatch, caplog):
+    monkeypatch.setattr(download, "_CHUNK", 1024)  # small reads: several progress steps for a small file
+    size = len(server.files[url_path(TORCHVISION)])
+    with caplog.at_level(logging.INFO, logger="detcore.checkpoint.download"):
+        resolve_weights(TORCHVISION)
+    name = CATALOG[TORCHVISION].url.rsplit("/", 1)[1]
+    steps = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"Downloading {name}: ")]
+    assert len(steps) >= 5, steps
+    assert steps[-1].endswith(f"of {size / 2**20:.1f} MiB")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="detcore.checkpoint.download"):
+        resolve_weights(TORCHVISION, progress=False)  # cached: nothing to show
+    assert not [r for r in caplog.records if r.getMessage().startswith("Downloading")]
+
+
 # --- failures --------------------------------------------------------------------------------------
 def test_checksum_mismatch_is_refused_and_nothing_is_kept(server, monkeypatch):
     monkeypatch.setitem(CATALOG, TORCHVISION, entry_for(TORCHVISION, b"another file"))
