@@ -58,7 +58,7 @@ def main(args):
         raise SystemExit("test_net: give the checkpoint to evaluate as MODEL.WEIGHTS path/to/model.pth")
     default_setup(cfg, args)
     model = DefaultTrainer.build_model(cfg)
-    load_model_weights(model, cfg.MODEL.WEIGHTS)
+    load_model_weights(model, cfg.MODEL.WEIGHTS, all_ranks=True)
     results = DefaultTrainer.test(cfg, model)
     if args.proposal_recall and not isinstance(comm.unwrap_model(model), ProposalNetwork):
         results = _merge(results, _rpn_recall(cfg, model), len(cfg.DATASETS.TEST))
