@@ -1,7 +1,16 @@
-// Grid and block sizes of the CUDA launchers, in plain C++: the launchers in cuda/*.cu and the
-// CUDA emulation in tests/layers/cuda_emulation/ launch the kernels with the same numbers. The
-// grid and shared-memory limits are parameters, so a test can give a kernel more work than
-// blocks, or push the NMS unwrap onto its global-memory path, with a few boxes.
+// Grid and block sizes of the CUDA launchers, in plain C++, and the launch policy that the host
+// sequences (cuda/*_launch.h) are written against. The grid and shared-memory limits are
+// parameters (LaunchLimits), so that a test can give a kernel more work than blocks, or push the
+// NMS unwrap onto its global-memory path, with a few inputs.
+//
+// A launch policy `launch`, the last argument of every host sequence, provides:
+//  - launch.limits, a LaunchLimits: the real ones in the real launchers;
+//  - launch(grid, block, dynamic_shared_bytes, kernel, args...): kernel<<<...>>>(args...) on the
+//    current stream (cuda_launch.h), or the CUDA emulation's run of the same grid in the tests
+//    (tests/layers/cuda_emulation/emulated_launch.h);
+//  - launch.empty(sizes, options): a buffer whose contents are undefined until a kernel writes
+//    them (at::empty on the GPU; garbage under the emulation, so that an element a kernel fails to
+//    write shows in the results).
 #pragma once
 
 #include <cstddef>
@@ -75,5 +84,12 @@ constexpr unsigned int focal_loss_blocks(int64_t n, int64_t max_blocks = kMaxBlo
   const int64_t blocks = (n + kFocalLossThreads - 1) / kFocalLossThreads;
   return static_cast<unsigned int>(blocks < 1 ? 1 : blocks < max_blocks ? blocks : max_blocks);
 }
+
+// --- the limits a launch policy carries ------------------------------------------------------
+struct LaunchLimits {
+  int64_t max_blocks = kMaxBlocks;              // 1-D grids (grid-stride loops cover the rest)
+  int64_t max_grid_dim = kMaxGridDim;           // each dimension of the NMS grids
+  int64_t max_shared_words = kMaxSharedWords;   // the NMS unwrap's removed bitmap in shared memory
+};
 
 }  // namespace detcore
