@@ -42,6 +42,10 @@ With ``--precision bfloat16`` a third model joins the same run: detcore's, with 
 weights, inferring in TEST.PRECISION bfloat16 and training with bfloat16 AMP (SOLVER.AMP); its
 time over detcore's float32 time is printed as bf16/fp32. That pays only on CPUs with native
 bfloat16 (`python -m detcore.utils.collect_env` says which; the table's header repeats it).
+``--torchvision-bfloat16`` adds torchvision's model under bfloat16 autocast too (inference and the
+training step's forward), so that both libraries are also compared in mixed precision;
+``--memory-workers N`` takes N peak-memory measurements at once (on a GPU, where each process
+reads only its own allocations; scripts/gpu_check.sh uses both).
 
 Results are printed as a table (ratio = torchvision time / detcore time: above 1, detcore is
 faster) and saved to benchmark_results/model_<device>.json (model_retinanet_<device>.json).
@@ -84,6 +88,7 @@ def start_worker(args, frameworks, phase):
         "--detections", str(args.detections), "--proposals", str(args.proposals), "--roi-batch", str(args.roi_batch),
         "--precision", args.precision,
         *(["--torchvision-channels-last"] if args.torchvision_channels_last else []),
+        *(["--torchvision-bfloat16"] if args.torchvision_bfloat16 else []),
         *args.opts,  # last: a KEY VALUE list takes the rest of the command line
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -104,7 +109,8 @@ def ratio(tv, dc):
     return tv / dc if dc > 0 else float("nan")
 
 
-LABELS = {"detcore": "detcore", "detcore_bfloat16": "detcore bf16", "torchvision": "torchvision"}
+LABELS = {"detcore": "detcore", "detcore_bfloat16": "detcore bf16", "torchvision": "torchvision",
+          "torchvision_bfloat16": "tv bf16"}
 
 
 def ratio_columns(results):
@@ -116,6 +122,8 @@ def ratio_columns(results):
         columns.append(("bf16/fp32", "detcore_bfloat16", "detcore"))
         if "torchvision" in results:
             columns.append(("tv/bf16", "torchvision", "detcore_bfloat16"))
+        if "torchvision_bfloat16" in results:
+            columns.append(("tvbf16/bf16", "torchvision_bfloat16", "detcore_bfloat16"))
     return columns
 
 
@@ -156,7 +164,8 @@ def print_table(results, args):
     columns = ratio_columns(results)
     print("; ".join({"tv/detcore": "tv/detcore = torchvision / detcore: above 1, detcore is faster or smaller",
                      "bf16/fp32": "bf16/fp32 = detcore bf16 / detcore: below 1, bfloat16 is faster",
-                     "tv/bf16": "tv/bf16 = torchvision / detcore bf16"}[c[0]] for c in columns))
+                     "tv/bf16": "tv/bf16 = torchvision / detcore bf16",
+                     "tvbf16/bf16": "tvbf16/bf16 = torchvision bf16 / detcore bf16"}[c[0]] for c in columns))
     print(f"{'':32}" + "".join(f" {LABELS[n]:>12}" for n in names) + "".join(f" {c[0]:>10}" for c in columns) + "  unit")
     for label, key, u in rows:
         values = {n: get(results[n], key) for n in names}
@@ -220,6 +229,16 @@ def main():
         help="give torchvision's model channels-last weights too (detcore's MODEL.CHANNELS_LAST, done by hand), "
         "to compare like with like rather than default with default",
     )
+    parser.add_argument(
+        "--torchvision-bfloat16", action="store_true",
+        help="with --precision bfloat16: also time torchvision's model under bfloat16 autocast (inference and the "
+        "training step's forward), to compare like with like",
+    )
+    parser.add_argument(
+        "--memory-workers", type=int, default=1, metavar="N",
+        help="peak-memory subprocesses run at once (default 1; --quick: all). On CUDA each reads its own "
+        "allocations (max_memory_allocated), so several at once do not disturb one another",
+    )
     parser.add_argument("--output", default=None, help="JSON path (default benchmark_results/model_<device>.json)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--frameworks", default="detcore,torchvision", help=argparse.SUPPRESS)
@@ -250,6 +269,10 @@ def main():
         parser.error("--repeats and --train-repeats cannot be negative")
     if args.repeats == 0 and args.train_repeats == 0:
         parser.error("--repeats 0 and --train-repeats 0: nothing to measure (0 skips that phase)")
+    if args.torchvision_bfloat16 and args.precision != "bfloat16":
+        parser.error("--torchvision-bfloat16 goes with --precision bfloat16")
+    if args.memory_workers < 1:
+        parser.error("--memory-workers must be >= 1")
 
     try:
         import torchvision  # noqa: F401
@@ -260,20 +283,22 @@ def main():
         frameworks = ("detcore",)
     if args.precision == "bfloat16":
         frameworks = ("detcore", "detcore_bfloat16") + frameworks[1:]
+        if args.torchvision_bfloat16 and "torchvision" in frameworks:
+            frameworks += ("torchvision_bfloat16",)
 
     load_before = os.getloadavg()
     print(f"timing {' and '.join(frameworks)}, alternating run by run ...", flush=True)
     results = finish_worker(start_worker(args, frameworks, "time"))
     jobs = [(framework, phase) for framework in frameworks for phase in phases(args)]
-    if args.quick:  # small models: measure all at once (each in its own process all the same)
-        print("peak memory of each framework and phase ...", flush=True)
-        procs = [start_worker(args, [framework], phase) for framework, phase in jobs]
-        for (framework, phase), proc in zip(jobs, procs):
+    # Small models (--quick) all at once, each in its own process all the same; else one at a
+    # time (at 800x1333 a training step takes several GB) unless --memory-workers says more.
+    at_once = len(jobs) if args.quick else args.memory_workers
+    for first in range(0, len(jobs), at_once):
+        batch = jobs[first:first + at_once]
+        print("peak memory of " + ", ".join(f"{framework} {phase}" for framework, phase in batch) + " ...", flush=True)
+        procs = [start_worker(args, [framework], phase) for framework, phase in batch]
+        for (framework, phase), proc in zip(batch, procs):
             results[framework][phase].update(finish_worker(proc))
-    else:  # one at a time: at 800x1333 a training step takes several GB
-        for framework, phase in jobs:
-            print(f"peak memory of {framework} {phase} ...", flush=True)
-            results[framework][phase].update(finish_worker(start_worker(args, [framework], phase)))
     load_after = os.getloadavg()
     print_table(results, args)
 
@@ -293,6 +318,7 @@ def main():
         "config": os.path.relpath(args.config, ROOT),
         "detcore_overrides": args.opts,
         "torchvision_channels_last": args.torchvision_channels_last,
+        "torchvision_bfloat16": args.torchvision_bfloat16,
         "detections_per_image": args.detections,
         "proposals_per_image": args.proposals,
         "train_rois_per_image": args.roi_batch,

@@ -15,22 +15,25 @@ from detcore.config import get_cfg  # noqa: E402
 from detcore.data import MetadataCatalog  # noqa: E402
 from detcore.engine import Predictor  # noqa: E402
 from detcore.engine.demo import collect_image_paths, visualize_images  # noqa: E402
+from detcore.utils.argtypes import integer, number  # noqa: E402
 from detcore.utils.logger import setup_logger  # noqa: E402
 
 
-def parse_args():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config-file", required=True, metavar="FILE", help="path to the yaml config")
     parser.add_argument("--input", required=True, nargs="+", help="image files, folders or glob patterns")
     parser.add_argument("--output", required=True, help="folder for the PNGs (created if missing)")
-    parser.add_argument("--confidence-threshold", type=float, default=0.5, help="draw detections scoring at least this")
     parser.add_argument(
-        "--keypoint-threshold", type=float, default=None,
+        "--confidence-threshold", type=number(0.0, 1.0), default=0.5, help="draw detections scoring at least this (0..1)"
+    )
+    parser.add_argument(
+        "--keypoint-threshold", type=number(), default=None,
         help="draw predicted keypoints whose score (heatmap logit) is at least this (default: all)",
     )
-    parser.add_argument("--max-images", type=int, default=0, help="only the first N images (0: all)")
+    parser.add_argument("--max-images", type=integer(0), default=0, help="only the first N images (0: all)")
     parser.add_argument(
-        "--picture-min-size", type=int, default=480, metavar="PIXELS",
+        "--picture-min-size", type=integer(0), default=480, metavar="PIXELS",
         help="draw images whose short side is smaller enlarged by a whole factor to at least this, so that "
         "labels do not cover small objects (default 480; 0: every image at its own size)",
     )
@@ -39,7 +42,7 @@ def parse_args():
         help="draw the predictions of an untrained model when MODEL.WEIGHTS is empty (otherwise refused)",
     )
     parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE overrides; set MODEL.WEIGHTS")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     # "--input a.png MODEL.WEIGHTS x.pth" (overrides right after the inputs): nargs="+" took
     # the overrides as inputs; move everything from the first config key on back to opts.
     for i, item in enumerate(args.input):
@@ -48,8 +51,6 @@ def parse_args():
             break
     if not args.input:
         parser.error("--input needs at least one image file, folder or glob pattern")
-    if args.picture_min_size < 0:
-        parser.error(f"--picture-min-size must be >= 0 (0: no enlarging), got {args.picture_min_size}")
     return args
 
 

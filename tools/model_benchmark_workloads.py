@@ -340,7 +340,34 @@ class TorchvisionRunner:
         return sum(self.model(images, targets).values())
 
 
-RUNNERS = {"detcore": DetcoreRunner, "detcore_bfloat16": DetcoreBfloat16Runner, "torchvision": TorchvisionRunner}
+class TorchvisionBfloat16Runner(TorchvisionRunner):
+    """torchvision's model under ``torch.autocast(bfloat16)``, in inference and in the training
+    step's forward: the like-for-like column beside detcore's bfloat16 (--torchvision-bfloat16)."""
+
+    name = "torchvision_bfloat16"
+
+    def stages(self, inputs):
+        state, stages = super().stages(inputs)
+        return state, {name: self._in_autocast(stage) for name, stage in stages.items()}
+
+    def _in_autocast(self, stage):
+        def run():
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                stage()
+
+        return run
+
+    def train_forward(self, inputs):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            return super().train_forward(inputs)
+
+
+RUNNERS = {
+    "detcore": DetcoreRunner,
+    "detcore_bfloat16": DetcoreBfloat16Runner,
+    "torchvision": TorchvisionRunner,
+    "torchvision_bfloat16": TorchvisionBfloat16Runner,
+}
 
 
 # --- measuring (inside a worker subprocess) -------------------------------------------------------

@@ -8,8 +8,9 @@ yacs gives the tree, attribute access, `clone`/`freeze`/`dump` and the value par
 - an unknown key (in a file, a list or another cfg) names the key, where it came from and
   the closest existing key ("did you mean MODEL.RPN.NMS_THRESH?");
 - a type mismatch names the key, the expected type and the value given;
-- a value outside a key's closed set of values or range, or a device torch does not know
-  (config/choices.py), names the key and what it may be;
+- a value outside a key's closed set of values or range, a NaN or infinite number, a list of
+  the wrong shape, or a device detcore's ops do not run on (config/choices.py), names the key and
+  what it may be;
 - a merge is all or nothing: it runs on a copy, so a bad file leaves the config untouched.
 """
 import ast

@@ -3,7 +3,9 @@
 Components read these keys in their `from_config` and get them as plain constructor arguments
 (detcore.utils.registry); a key that is not here cannot be set from a yaml file or the command
 line. Keys with a closed set of values are checked at merge time against config/choices.py,
-and their comments here list exactly those values. The defaults are the
+and their comments here list exactly those values; so are numeric ranges, the shape of every
+list, and finiteness (no number may be NaN or infinite, except SOLVER.CLIP_GRADIENTS.NORM_TYPE
+.inf). The defaults are the
 published Mask R-CNN R-50-FPN COCO recipe except where a comment says otherwise; the yaml
 files in configs/ only list what they change. Names follow detectron2 so its users feel at home.
 
@@ -21,7 +23,8 @@ _C.MODEL = CN()
 # Name of the meta-architecture in the META_ARCH registry: "GeneralizedRCNN" (Faster / Mask
 # R-CNN) or "ProposalNetwork" (backbone + RPN only: proposals, scored by their recall).
 _C.MODEL.META_ARCHITECTURE = "GeneralizedRCNN"
-# torch device the model and batches live on: "cpu", "cuda", "cuda:1", ...
+# torch device the model and batches live on: "cpu", "cuda", "cuda:1", ... (detcore's ops have
+# CPU and CUDA kernels only).
 _C.MODEL.DEVICE = "cpu"
 # Checkpoint (.pth) to initialize from; "" trains from scratch.
 _C.MODEL.WEIGHTS = ""
@@ -29,7 +32,7 @@ _C.MODEL.WEIGHTS = ""
 _C.MODEL.MASK_ON = False
 # True: Keypoint R-CNN (a keypoint head on the detections; with MASK_ON too, both heads).
 _C.MODEL.KEYPOINT_ON = False
-# Per-channel mean / std subtracted / divided from input pixels, in INPUT.FORMAT channel
+# Per-channel mean / std (> 0) subtracted / divided from input pixels, in INPUT.FORMAT channel
 # order and 0-255 scale (these are the ImageNet statistics in BGR).
 _C.MODEL.PIXEL_MEAN = [103.530, 116.280, 123.675]
 _C.MODEL.PIXEL_STD = [57.375, 57.120, 58.395]
@@ -444,7 +447,7 @@ _C.SOLVER.WEIGHT_DECAY_NORM = 0.0
 _C.SOLVER.BIAS_LR_FACTOR = 1.0
 # Training length, in iterations (optimizer steps).
 _C.SOLVER.MAX_ITER = 90000
-# Iterations at which the LR is multiplied by GAMMA (increasing).
+# Iterations at which the LR is multiplied by GAMMA (>= 1, strictly increasing).
 _C.SOLVER.STEPS = (60000, 80000)
 _C.SOLVER.GAMMA = 0.1
 # LR schedule name: "WarmupMultiStepLR" or "WarmupCosineLR".
@@ -456,6 +459,16 @@ _C.SOLVER.WARMUP_ITERS = 1000
 _C.SOLVER.WARMUP_METHOD = "linear"
 # Save a checkpoint every this many iterations (and at the end).
 _C.SOLVER.CHECKPOINT_PERIOD = 5000
+
+# When training is called diverged (detcore/engine/divergence.py): it stops, and no checkpoint
+# keeps the diverged weights. Besides any NaN / inf loss, gradient or weight, two rules
+# relative to the run's start; 0 turns a rule off.
+_C.SOLVER.DIVERGENCE = CN()
+# A total loss more than this many times the run's first one.
+_C.SOLVER.DIVERGENCE.MAX_LOSS_GROWTH = 100.0
+# Weights whose L2 norm is more than this many times their norm when the run started
+# (checked before each checkpoint).
+_C.SOLVER.DIVERGENCE.MAX_WEIGHT_GROWTH = 10.0
 
 _C.SOLVER.CLIP_GRADIENTS = CN()
 # Gradient clipping before each step.

@@ -10,9 +10,19 @@ thresholds 0.5:0.95, instances under 100 pixels and groups ignored). Its own dri
 looks for results through environment variables and writes ``matches.json`` into the current
 folder, is not used: its steps are called in order on our file lists.
 
+cityscapesScripts' ``evaluateMatches`` crashes (``IndexError: index -1 is out of bounds``) when,
+for one class and overlap threshold, there is ground truth and there are predictions, but every
+prediction is ignored (it lies mostly on void pixels, a group or an instance under 100 pixels)
+and no ground truth is matched: its list of scored predictions is empty (cityscapesScripts issue
+89, open). Small splits, and ground truth whose unlabeled background is void, meet it at once.
+No ground truth is found there, so that class's AP at that threshold is 0, the value the tool
+gives a class with ground truth and no predictions; ``_evaluate_matches`` fills those in and
+keeps the tool's own numbers for every other class and threshold.
+
 Reported under task ``"cityscapes"`` (percent): ``AP``, ``AP50`` and ``AP-<class>``.
 """
 import contextlib
+import copy
 import io
 import logging
 import os
@@ -192,7 +202,31 @@ class CityscapesInstanceEvaluator(DatasetEvaluator):
                 cs_eval.setInstanceLabels(args)
                 gt_instances = cs_eval.getGtInstances(gt_files, args)
                 matches = cs_eval.matchGtWithPreds(pred_files, gt_files, gt_instances, args)
-                ap_scores = cs_eval.evaluateMatches(matches, args)
+                ap_scores = _evaluate_matches(cs_eval, matches, args)
                 return cs_eval.computeAverages(ap_scores, args)
         except SystemExit:  # its printError exits the process
             raise RuntimeError(f"cityscapesScripts' evaluation failed: {chatter.getvalue().strip()}") from None
+
+
+def _evaluate_matches(cs_eval, matches: dict, args) -> np.ndarray:
+    """cityscapesScripts' AP array ``[distance, class, overlap]`` of ``matches``, with AP 0 where
+    its evaluateMatches would index an empty array (see the module docstring)."""
+    try:
+        return cs_eval.evaluateMatches(matches, args)
+    except IndexError:
+        pass
+    # Class by class and threshold by threshold: the tool's own code for each, 0 where it fails.
+    columns = {}
+    for li, label in enumerate(args.instLabels):
+        for oi, overlap in enumerate(args.overlaps):
+            one = copy.copy(args)
+            one.instLabels, one.overlaps = [label], np.asarray([overlap])
+            try:
+                columns[li, oi] = cs_eval.evaluateMatches(matches, one)[:, 0, 0]
+            except IndexError:
+                columns[li, oi] = None
+    depth = next((len(c) for c in columns.values() if c is not None), 1)
+    ap = np.zeros((depth, len(args.instLabels), len(args.overlaps)), float)
+    for (li, oi), column in columns.items():
+        ap[:, li, oi] = 0.0 if column is None else column
+    return ap

@@ -11,7 +11,7 @@ keypoint similarity (OKS) with the dataset's per-keypoint constants (``keypoint_
 The ground truth is a COCO json file, given directly or found through a ``metadata_fn`` that
 maps a dataset name to its metadata. Its unusable annotations (non-finite or absurd
 coordinates, empty boxes, no real polygon) are dropped with a logged count before pycocotools
-sees them, by the same rule as in training (``detcore.data.datasets.coco_checks``). With no
+sees them, by the same rule as in training (``detcore.data.datasets.annotation_checks``). With no
 detections at all, AP is 0 wherever there is ground truth to miss.
 """
 import contextlib
@@ -28,7 +28,7 @@ import numpy as np
 import pycocotools.mask as mask_util
 import torch
 
-from detcore.data.datasets.coco_checks import filter_coco_dataset
+from detcore.data.datasets.annotation_checks import filter_coco_dataset
 from detcore.data.datasets.coco_conversion import annotation_area, convert_to_coco_json
 from detcore.data.datasets.keypoint_meta import keypoint_metadata_from_categories
 from detcore.data.datasets.shapes import get_cache_dir

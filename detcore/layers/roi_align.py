@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torch.jit.annotations import BroadcastingList2
 from torch.nn.modules.utils import _pair
 
-from ._extension import OpArgumentError, ensure_loaded
+from ._extension import OpArgumentError, check_int64, ensure_loaded
 
 
 def _check_box_list(boxes, op: str = "roi_align") -> None:
@@ -49,6 +49,8 @@ def rois_and_output_size(boxes: Union[Tensor, List[Tensor]], size: List[int], op
         )
     if len(size) != 2:
         raise OpArgumentError(op + ": output_size must be an int or (height, width), got " + str(size))
+    if not torch.jit.is_scripting():
+        check_int64(op, output_height=size[0], output_width=size[1])
     return rois, size
 
 
@@ -77,6 +79,8 @@ def roi_align(
     if not torch.jit.is_scripting():  # TorchScript cannot read the loader's state
         ensure_loaded()
     rois, size = rois_and_output_size(boxes, _pair(output_size), "roi_align")
+    if not torch.jit.is_scripting():
+        check_int64("roi_align", sampling_ratio=int(sampling_ratio))
     return torch.ops.detcore.roi_align(
         input, rois, float(spatial_scale), size[0], size[1], int(sampling_ratio), bool(aligned)
     )

@@ -119,7 +119,13 @@ def get_local_size() -> int:
 
 def resolve_device(name: str) -> torch.device:
     """``torch.device(name)`` for MODEL.DEVICE, after checking this machine has it: a CUDA device
-    without a GPU (or past the last GPU) is an error naming the key, not a failure deep in torch."""
+    without a GPU (or past the last GPU), or a device detcore has no kernels for, is an error naming
+    the key, not a failure deep in torch."""
+    from detcore.config.choices import device_problem
+
+    problem = device_problem(name)
+    if problem:
+        raise RuntimeError(f"MODEL.DEVICE {problem}, got {name!r}")
     device = torch.device(name)
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0

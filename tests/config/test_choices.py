@@ -194,7 +194,7 @@ def test_numbers_outside_their_range_are_refused_at_merge(key, value):
 def test_nan_from_a_yaml_file_is_refused(tmp_path):
     path = tmp_path / "nan.yaml"
     path.write_text("MODEL:\n  RPN:\n    NMS_THRESH: .nan\n")
-    with pytest.raises(ConfigError, match=r"MODEL.RPN.NMS_THRESH in .*nan.yaml must lie in \[0.0, 1.0\], got nan"):
+    with pytest.raises(ConfigError, match=r"MODEL.RPN.NMS_THRESH in .*nan.yaml must be a finite number in \[0.0, 1.0\], got nan"):
         get_cfg().merge_from_file(str(path))
 
 
@@ -209,3 +209,78 @@ def test_device_names_are_checked_at_merge_and_availability_at_build():
         with pytest.raises(RuntimeError, match=r"MODEL.DEVICE is 'cuda:3', but"):
             resolve_device(cfg.MODEL.DEVICE)
     assert resolve_device("cpu") == torch.device("cpu")
+
+
+# --- numbers, list shapes, devices: the rest of the merge check -------------------------------------
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("SOLVER.BASE_LR", "1e999", r"must be a finite number in \[0.0, inf\), got inf"),  # literal_eval gives inf
+        ("MODEL.RPN.LOSS_WEIGHT", "1e999", "must be a finite number"),
+        ("MODEL.ROI_KEYPOINT_HEAD.LOSS_WEIGHT", "1e999", "must be a finite number"),
+        ("SOLVER.STEPS", "[-5, 2]", r"must lie in \[1, inf\), got -5"),
+        ("SOLVER.STEPS", "[5, 2]", r"must be strictly increasing, got \(5, 2\)"),
+        ("SOLVER.STEPS", "[5, 5]", "must be strictly increasing"),
+        ("DATASETS.TRAIN", "[['a'], 'b']", r"must be a list of strings, got \(\['a'\], 'b'\)"),
+        ("DATASETS.TEST", "[1]", "must be a list of strings"),
+        ("MODEL.RPN.BBOX_REG_WEIGHTS", "(1.0, 1.0, 1.0)", "must hold 4 values, got 3"),
+        ("MODEL.RESNETS.DEFORM_ON_PER_STAGE", "[0, 1, 1, 1]", "must be a list of bools"),
+        ("MODEL.ANCHOR_GENERATOR.SIZES", "[[32, [64]]]", "must be a list of numbers or lists of numbers"),
+        ("MODEL.ANCHOR_GENERATOR.SIZES", "[[32], [0]]", r"must lie in \(0.0, inf\), got 0"),
+        ("MODEL.PIXEL_STD", "[57.0, 0.0, 58.0]", r"must lie in \(0.0, inf\), got 0.0"),
+        ("INPUT.MIN_SIZE_TRAIN", "(-3,)", "must lie in"),
+        ("MODEL.DEVICE", "mps", "must be 'cpu' or 'cuda' .*no mps kernels, got 'mps'"),
+        ("SOLVER.CLIP_GRADIENTS.NORM_TYPE", "0.0", "must lie in"),
+    ],
+)
+def test_values_the_code_cannot_use_are_refused_at_merge_naming_the_key(key, value, message):
+    cfg = get_cfg()
+    before = cfg.dump()
+    with pytest.raises(ConfigError, match=rf"config key {re.escape(key)} in the override list {message}"):
+        cfg.merge_from_list([key, value])
+    assert cfg.dump() == before
+
+
+def test_infinity_and_nan_from_a_yaml_file(tmp_path):
+    path = tmp_path / "inf.yaml"
+    path.write_text("SOLVER:\n  BASE_LR: .inf\n")
+    with pytest.raises(ConfigError, match=r"SOLVER.BASE_LR in .*inf.yaml must be a finite number in \[0.0, inf\), got inf"):
+        get_cfg().merge_from_file(str(path))
+    path.write_text("INPUT:\n  CROP:\n    SIZE: [0.5, .nan]\n")
+    with pytest.raises(ConfigError, match=r"INPUT.CROP.SIZE in .*inf.yaml must be a finite number"):
+        get_cfg().merge_from_file(str(path))
+    # The max norm is a p-norm of infinite p: the one key that may be infinite (never NaN).
+    path.write_text("SOLVER:\n  CLIP_GRADIENTS:\n    NORM_TYPE: .inf\n")
+    cfg = get_cfg()
+    cfg.merge_from_file(str(path))
+    assert cfg.SOLVER.CLIP_GRADIENTS.NORM_TYPE == float("inf")
+    path.write_text("SOLVER:\n  CLIP_GRADIENTS:\n    NORM_TYPE: .nan\n")
+    with pytest.raises(ConfigError, match="NORM_TYPE in .* must be a finite number"):
+        get_cfg().merge_from_file(str(path))
+
+
+def test_every_list_valued_key_has_a_shape_and_the_defaults_pass_every_check():
+    from detcore.config.choices import LIST_SHAPES, find_problems
+
+    cfg = get_cfg()
+    assert find_problems(cfg) == []
+    lists = []
+
+    def walk(node, prefix=""):
+        for k, v in node.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            elif isinstance(v, (list, tuple)):
+                lists.append(prefix + k)
+
+    walk(cfg)
+    assert sorted(lists) == sorted(LIST_SHAPES)
+    # Anchor sizes as detectron2 allows them: one flat list shared by all levels.
+    cfg.merge_from_list(["MODEL.ANCHOR_GENERATOR.SIZES", "[32, 64]", "SOLVER.STEPS", "(10, 20)"])
+
+
+def test_a_device_set_in_code_is_named_when_the_model_is_built():
+    from detcore.utils.comm import resolve_device
+
+    with pytest.raises(RuntimeError, match=r"MODEL.DEVICE must be 'cpu' or 'cuda' .* got 'mps'"):
+        resolve_device("mps")

@@ -3,13 +3,15 @@ crowds and occlusion from the polygon json; the same from the instance-id PNGs; 
 import json
 import os
 
+import numpy as np
 import pycocotools.mask as mask_util
 import pytest
+from PIL import Image
 
 from detcore.data import DatasetCatalog, MetadataCatalog
 from detcore.data.datasets import cityscapes
 from detcore.data.datasets.cityscapes import CITYSCAPES_INSTANCE_CLASSES, load_cityscapes_instances
-from tests.data.fake_cityscapes import H, W, write_cityscapes_tree
+from tests.data.fake_cityscapes import H, W, rect, write_cityscapes_tree
 
 
 def by_class(record):
@@ -83,6 +85,12 @@ def _rewrite(gt_dir, data):
          "label 'spaceship', which is not a Cityscapes label"),
         ({"imgHeight": 64, "imgWidth": 128, "objects": [{"label": "car", "polygon": [[0, 0]]}]}, "polygon of 1 point"),
         ({"imgHeight": 64, "objects": []}, "not a Cityscapes polygon annotation"),
+        # A size that is not its image's (drawing 10^6 x 64 once ended in a bare MemoryError).
+        ({"imgHeight": H, "imgWidth": 10**6, "objects": []}, rf"imgWidth x imgHeight is 1000000 x {H}, but its image is {W} x {H}"),
+        ({"imgHeight": H, "imgWidth": float("nan"), "objects": []}, r"not a Cityscapes polygon annotation \(ValueError: cannot convert float NaN to integer\)"),
+        ({"imgHeight": 10**400, "imgWidth": W, "objects": []}, "the image height must lie in 1..1048576 pixels"),
+        ({"imgHeight": H, "imgWidth": W, "objects": [{"label": "car", "polygon": [[0, 0], ["a", 5], [0, 5]]}]},
+         r"object #0 \('car'\) has a polygon point that is not two numbers"),
     ],
 )
 def test_bad_json_is_named(tmp_path, data, match):
@@ -91,6 +99,37 @@ def test_bad_json_is_named(tmp_path, data, match):
     with pytest.raises(ValueError, match=match) as info:
         load_cityscapes_instances(image_dir, gt_dir)
     assert path in str(info.value)
+
+
+def test_unusable_polygons_are_dropped_and_logged_as_coco_annotations_are(tmp_path, caplog):
+    image_dir, gt_dir = write_cityscapes_tree(str(tmp_path))
+    objects = [
+        {"label": "truck", "polygon": rect(20, 20, 59, 49)},
+        {"label": "car", "polygon": [[0, 0], [float("nan"), 5], [0, 5]]},   # NaN: once drawn as if it were fine
+        {"label": "car", "polygon": [[0, 0], [1e30, 5], [0, 5]]},           # absurdly far outside
+        {"label": "bus", "polygon": [[0, 0], [10**400, 5], [0, 5]]},        # beyond the float range
+        {"label": "person", "polygon": rect(70, 30, 84, 59)},
+    ]
+    path = _rewrite(gt_dir, {"imgHeight": H, "imgWidth": W, "objects": objects})
+    with caplog.at_level("WARNING"):
+        records = load_cityscapes_instances(image_dir, gt_dir)
+    assert by_class(records[2]) == [("person", [70.0, 30.0, 85.0, 60.0], 15 * 30, 0), ("truck", [20.0, 20.0, 60.0, 50.0], 40 * 30, 0)]
+    name = os.path.basename(path)
+    assert f"{gt_dir}: dropped 3 unusable object(s)" in caplog.text
+    assert f"2 with non-finite polygon coordinate (objects {name} #1, {name} #3)" in caplog.text
+    assert f"1 with polygon far outside the image (objects {name} #2)" in caplog.text
+    # The evaluator draws its ground truth from the same json the same way.
+    ids = cityscapes.polygons_to_instance_ids(path)
+    assert sorted(set(np.unique(ids).tolist()) - {0}) == [24000, 27000]
+
+
+def test_an_instance_id_png_of_another_size_than_its_image_is_an_error(tmp_path):
+    image_dir, gt_dir = write_cityscapes_tree(str(tmp_path), with_json=False, with_png=True)
+    png = os.path.join(gt_dir, "bochum", "bochum_000000_000313_gtFine_instanceIds.png")
+    Image.fromarray(np.zeros((H, W + 1), np.uint16)).save(png)
+    with pytest.raises(ValueError, match=rf"the instance-id PNG is {W + 1} x {H}, but its image is {W} x {H}") as info:
+        load_cityscapes_instances(image_dir, gt_dir)
+    assert png in str(info.value)
 
 
 def test_missing_ground_truth_and_images(tmp_path):

@@ -246,7 +246,8 @@ def test_non_finite_weights_are_never_saved(tmp_path):
 def test_garbage_files_are_named_with_what_they_seem_to_be(tmp_path, content, kind):
     path = tmp_path / "model_final.pth"
     path.write_bytes(content)
-    with pytest.raises(ValueError, match=rf"Cannot read checkpoint .*model_final\.pth.*it seems to be {kind}"):
+    # The trainer's reader is detcore.checkpoint's: one message for both.
+    with pytest.raises(ValueError, match=rf"model_final\.pth is not a checkpoint: it seems to be {kind}"):
         load_checkpoint_file(str(path))
     with pytest.raises(ValueError, match=rf"model_final\.pth is not a checkpoint: it seems to be {kind}"):
         load_model_weights(Small(), str(path))
@@ -274,6 +275,72 @@ def test_a_dangling_last_checkpoint_on_resume_is_an_error_not_a_fresh_start(tmp_
     (tmp_path / LAST_CHECKPOINT_FILE).write_text("model_0000009.pth")
     with pytest.raises(FileNotFoundError, match=r"names 'model_0000009\.pth', which does not exist .*model_0000003\.pth"):
         Checkpointer(Small(), str(tmp_path)).resume_or_load("", resume=True)
+
+
+@pytest.mark.parametrize("link", ["pointer to the other run's pointer", "checkpoint", "pointer to the other run's checkpoint"])
+def test_a_symbolic_link_out_of_the_folder_is_refused_on_resume(tmp_path, link):
+    # README: --resume follows last_checkpoint only to a file inside OUTPUT_DIR. A link into
+    # another run's folder was followed silently (its state resumed as this run's).
+    model, opt, _ = trained_parts()
+    other, mine = tmp_path / "other", tmp_path / "mine"
+    Checkpointer(model, str(other), optimizer=opt).save("model_0000005", iteration=5)
+    Checkpointer(Small(), str(mine)).save("model_0000005", iteration=1)
+    if link == "checkpoint":
+        os.replace(mine / "model_0000005.pth", mine / "old.pth")
+        os.symlink(other / "model_0000005.pth", mine / "model_0000005.pth")
+        linked = mine / "model_0000005.pth"
+    else:
+        os.remove(mine / LAST_CHECKPOINT_FILE)
+        target = LAST_CHECKPOINT_FILE if link.endswith("pointer") else "model_0000005.pth"
+        os.symlink(other / target, mine / LAST_CHECKPOINT_FILE)
+        linked = mine / LAST_CHECKPOINT_FILE
+    with pytest.raises(ValueError, match=rf"{linked} is a symbolic link to {other}/.*, outside {mine}: --resume follows"):
+        Checkpointer(Small(), str(mine)).resume_or_load("", resume=True)
+    # A link that stays inside the folder is fine.
+    os.remove(linked)
+    os.symlink("old.pth" if link == "checkpoint" else "pointer_copy", linked)
+    (mine / "pointer_copy").write_text("model_0000005.pth")
+    assert Checkpointer(Small(), str(mine)).resume_or_load("", resume=True)["iteration"] == 1
+    os.remove(mine / "pointer_copy")
+    if link != "checkpoint":  # a dangling pointer link is an error, not a fresh start
+        with pytest.raises(FileNotFoundError, match="is a symbolic link to .*pointer_copy, which does not exist"):
+            Checkpointer(Small(), str(mine)).resume_or_load("", resume=True)
+
+
+_DISK_FULL = """
+import os, resource, signal, sys
+import torch
+from detcore.engine.checkpoint import Checkpointer
+folder = sys.argv[1]
+ckpt = Checkpointer(torch.nn.Linear(64, 64), folder)
+first = ckpt.save("model_0000001", iteration=1)
+# The next write runs out of room: a file size limit (EFBIG, the signal ignored) fails the write
+# as a full disk does (ENOSPC), inside torch's zip writer.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(first) // 2, resource.RLIM_INFINITY))
+try:
+    ckpt.save("model_0000002", iteration=2)
+except OSError as e:
+    print("ERROR", e)
+"""
+
+
+def test_a_write_that_runs_out_of_room_names_the_file_and_the_intact_checkpoint(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.engine.toy_model import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", _DISK_FULL, str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    message = proc.stdout.split("ERROR ", 1)[1]
+    # torch's own text was only "[enforce fail at inline_container.cc:...] . unexpected pos ...".
+    assert message.startswith(f"Could not write checkpoint {tmp_path / 'model_0000002.pth'} (")
+    assert "MiB free there" in message
+    assert message.strip().endswith(f"Nothing was replaced: {tmp_path / LAST_CHECKPOINT_FILE} still names model_0000001.pth, which is intact")
+    assert sorted(os.listdir(tmp_path)) == [LAST_CHECKPOINT_FILE, "model_0000001.pth"]  # no partial file
+    assert Checkpointer(nn.Linear(64, 64), str(tmp_path)).resume()["iteration"] == 1
 
 
 @pytest.fixture

@@ -128,6 +128,31 @@ def test_hand_computed_cases(tree):
     assert m["AP-rider"] == pytest.approx(100)
 
 
+def test_a_class_whose_every_prediction_is_ignored_scores_0_and_the_others_keep_their_ap(tree):
+    # cityscapesScripts' evaluateMatches raised "IndexError: index -1 is out of bounds" here: the
+    # truck has ground truth (image 2) and one prediction, on image 1's unlabeled (void) pixels,
+    # which is ignored, so no truck prediction is scored at all (its issue 89). Recall 0: AP 0.
+    *_, records = tree
+    perfect = gt_predictions(records)
+    truck, car, rider = (CITYSCAPES_INSTANCE_CLASSES.index(n) for n in ("truck", "car", "rider"))
+    void = np.zeros((H, W), bool)
+    void[40:60, 60:90] = True
+    preds = {i: [p for p in perfect[i] if p[0] != truck] for i in perfect}
+    preds[1] = preds[1] + [(truck, void, 0.5)]
+    # Other classes away from 100, hand-computed as in test_hand_computed_cases: one car missed
+    # (AP 50), the rider's mask cut to IoU 0.6 (matched at 2 of the 10 thresholds: AP 20).
+    preds[0] = [p for p in preds[0] if not (p[0] == car and p[1][15, 20])]
+    preds[1] = [(c, mk.copy(), sc) for c, mk, sc in preds[1]]
+    for c, mk, _ in preds[1]:
+        if c == rider:
+            mk[5 + 18 :, :] = False
+    m = evaluate(make(records), preds, records)["cityscapes"]
+    assert m["AP-truck"] == 0 and m["AP50"] == pytest.approx((0 + 50 + 100 + 100 + 100) / 5)  # rider matched at 0.5
+    assert m["AP-car"] == pytest.approx(50) and m["AP-rider"] == pytest.approx(20)
+    assert m["AP-person"] == pytest.approx(100) and m["AP-bicycle"] == pytest.approx(100)
+    assert math.isnan(m["AP-bus"]) and m["AP"] == pytest.approx((0 + 50 + 20 + 100 + 100) / 5)
+
+
 def test_instance_id_pngs_and_polygons_give_the_same_ap(tmp_path):
     json_only = load_cityscapes_instances(*write_cityscapes_tree(str(tmp_path / "a")))
     png_only = load_cityscapes_instances(*write_cityscapes_tree(str(tmp_path / "b"), with_json=False, with_png=True))

@@ -20,7 +20,7 @@ except ImportError:  # tests/ run as rootdir-relative modules, without packages
 THREADS = 256  # roi_align, roi_pool, deform_conv2d, focal loss: threads per block; NMS unwrap
 BOX_BLOCK = 64  # NMS: boxes per block, threads of the mask kernel
 MAX_GRID = 65535
-MAX_SHARED_WORDS = (48 * 1024 - 1024) // 8
+MAX_SHARED_WORDS = (48 * 1024 - 2048) // 8
 
 
 def _blocks(work, max_blocks=MAX_GRID):

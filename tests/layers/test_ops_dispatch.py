@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from detcore.layers import OpArgumentError, batched_nms, nms, roi_align
+from detcore.layers import OpArgumentError, ROIAlign, batched_nms, deform_conv2d, nms, roi_align, roi_pool
 
 try:
     from .reference_ops import distinct_scores, nms_reference, random_boxes, roi_align_reference
@@ -192,8 +192,6 @@ def test_autocast_cpu_nms_runs_in_float32():
 
 def test_python_wrappers_can_be_scripted_like_torchvisions():
     """Drop-in parity: torch.jit.script works on the Python functions and the module, not only on torch.ops."""
-    from detcore.layers import ROIAlign
-
     g = torch.Generator().manual_seed(3)
     boxes = random_boxes(40, g)
     scores = distinct_scores(40, g)
@@ -231,3 +229,26 @@ def test_bad_arguments_raise_one_error_that_is_both_value_and_runtime_error(entr
         _bad_calls()[entry]()
     assert isinstance(info.value, ValueError) and isinstance(info.value, RuntimeError)
     assert "\n" not in str(info.value).strip()  # the sentence alone, no C++ frames
+
+
+def _beyond_int64_calls():
+    x, rois = torch.rand(1, 2, 8, 8), torch.tensor([[0, 1.0, 1.0, 5.0, 5.0]])
+    offset, weight = torch.zeros(1, 18, 8, 8), torch.rand(3, 2, 3, 3)
+    return {
+        "roi_align sampling_ratio": (lambda: roi_align(x, rois, 2, 1.0, 2**63), "roi_align: sampling_ratio", 2**63),
+        "ROIAlign sampling_ratio": (lambda: ROIAlign(2, 1.0, -(2**63) - 1)(x, rois), "roi_align: sampling_ratio", -(2**63) - 1),
+        "roi_align output_size": (lambda: roi_align(x, rois, (2**64, 2)), "roi_align: output_height", 2**64),
+        "roi_pool output_size": (lambda: roi_pool(x, rois, (2, 2**63)), "roi_pool: output_width", 2**63),
+        "deform_conv2d stride": (lambda: deform_conv2d(x, offset, weight, stride=(1, 2**63)), "deform_conv2d: stride_w", 2**63),
+        "deform_conv2d padding": (lambda: deform_conv2d(x, offset, weight, padding=2**70), "deform_conv2d: pad_h", 2**70),
+        "deform_conv2d dilation": (lambda: deform_conv2d(x, offset, weight, dilation=2**63), "deform_conv2d: dilation_h", 2**63),
+    }
+
+
+@pytest.mark.parametrize("entry", list(_beyond_int64_calls()))
+def test_ints_beyond_64_bits_are_refused_naming_the_argument(entry):
+    # The dispatcher's own message was "Expected a value of type 'int' for argument 'sampling_ratio'
+    # but instead found type 'int'": the wrappers refuse them first.
+    call, argument, value = _beyond_int64_calls()[entry]
+    with pytest.raises(OpArgumentError, match=rf"^{argument} must be an integer that fits in 64 bits, got {value}$"):
+        call()

@@ -276,6 +276,22 @@ def test_box_voting_mode_moves_the_kept_box(model):
     assert (moved > 1e-3).any() and moved.max() < 40
 
 
+@pytest.mark.parametrize("min_sizes, max_size", [((1,), 100), ((48,), 1), ((1, 48), 1)])
+def test_one_pixel_scales_run_as_plain_inference_does(min_sizes, max_size, single_thread):
+    # A flipped 1-pixel-wide scale once failed with numpy's negative-strides error, where plain
+    # inference at that size runs. (64 FPN channels: the small model's GN of 32 groups on 32
+    # channels cannot normalize the 1 x 1 p5 of a 32 x 32 padded image, in plain inference too.)
+    torch.manual_seed(0)
+    model = build_model(small_cfg(**{"MODEL.FPN.OUT_CHANNELS": 64})).eval()
+    image = random_image(60, 80)
+    plain(model, image, min_sizes[0], max_size)  # runs
+    tta = GeneralizedRCNNWithTTA(model, min_sizes=min_sizes, max_size=max_size, flip=True)
+    (out,) = tta([as_input(image, height=60, width=80)])
+    inst = out["instances"]
+    assert inst.image_size == (60, 80) and inst.pred_masks.shape[1:] == (60, 80)
+    assert torch.isfinite(inst.pred_boxes.tensor).all()
+
+
 def test_from_config_and_bad_arguments(model):
     cfg = small_cfg(**{"TEST.AUG.MIN_SIZES": "(64, 96)", "TEST.AUG.MERGE": "box_voting", "TEST.AUG.FLIP": "False"})
     tta = build_from_config(GeneralizedRCNNWithTTA, cfg, model)

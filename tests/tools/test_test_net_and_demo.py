@@ -156,3 +156,38 @@ def test_demo_refuses_random_weights_unless_asked(tiny_cache, tmp_path):
     assert not out.exists()
     stdout = run("demo.py", ["--input", image, "--output", str(out), "--allow-random-weights", *TINY_RCNN], tiny_cache)
     assert "Wrote 1 picture(s)" in stdout
+
+
+def _demo_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("detcore_demo_tool", os.path.join(REPO, "tools", "demo.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        # NaN drew nothing and 2 a blank picture, -1 everything: all with exit code 0.
+        ("--confidence-threshold", "nan", r"must be a finite number in \[0.0, 1.0\], got nan"),
+        ("--confidence-threshold", "inf", "must be a finite number"),
+        ("--confidence-threshold", "2", r"must lie in \[0.0, 1.0\], got 2.0"),
+        ("--confidence-threshold", "-1", "must lie in"),
+        ("--max-images", "-5", r"must lie in \[0, inf\), got -5"),
+        ("--picture-min-size", "-1", "must lie in"),
+        ("--keypoint-threshold", "nan", "must be a finite number, got nan"),
+    ],
+)
+def test_demo_refuses_bad_option_values_naming_the_option(option, value, message, capsys):
+    demo = _demo_module()
+    with pytest.raises(SystemExit) as info:
+        demo.parse_args(["--config-file", CONFIG, "--input", "a.png", "--output", "out", option, value])
+    assert info.value.code == 2
+    import re
+
+    assert re.search(f"argument {option}: {message}", capsys.readouterr().err)
+    args = demo.parse_args(["--config-file", CONFIG, "--input", "a.png", "--output", "out", "--confidence-threshold", "0.3"])
+    assert (args.confidence_threshold, args.max_images, args.picture_min_size) == (0.3, 0, 480)
+

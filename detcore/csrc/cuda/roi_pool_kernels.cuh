@@ -71,7 +71,7 @@ __global__ void roi_pool_backward_kernel(
     const int64_t ph = (index / pooled_width) % pooled_height;
     const int64_t c = (index / pooled_width / pooled_height) % channels;
     const int64_t k = index / pooled_width / pooled_height / channels;
-    const int64_t batch = static_cast<int64_t>(rois[k * 5]);
+    const int64_t batch = float_to_int<int64_t>(static_cast<A>(rois[k * 5]));
     const A value = static_cast<A>(
         grad[k * grad_stride_k + c * grad_stride_c + ph * grad_stride_h + pw * grad_stride_w]);
     // Overlapping rois (and bins sharing a border pixel) send gradients to the same pixel.

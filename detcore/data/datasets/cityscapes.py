@@ -19,7 +19,10 @@ its polygon json when there is one, else from its instance-id PNG:
 Every instance becomes an annotation with its visible pixels as a compressed RLE, its box the
 box of those pixels (xyxy, no +1) and ``category_id`` 0..7; groups are ``iscrowd=1``. The record
 keeps the ground-truth file names (``gt_polygons_file``, ``gt_instance_ids_file``) for the
-Cityscapes evaluator. Unknown labels and unreadable files are errors naming the file.
+Cityscapes evaluator. Unknown labels, unreadable files, a polygon point that is not two numbers
+and a ground-truth size other than the image's are errors naming the file (and the object). A
+polygon with a NaN, infinite or absurdly distant point is dropped (not drawn) and logged, by the
+policy of the COCO and VOC loaders (``annotation_checks``).
 """
 import glob
 import logging
@@ -30,6 +33,8 @@ from typing import List, Optional, Tuple
 import numpy as np
 import pycocotools.mask as mask_util
 from PIL import Image
+
+from .annotation_checks import DropReport, image_size_problem, is_real_number, polygon_reason
 
 __all__ = [
     "CITYSCAPES_INSTANCE_CLASSES",
@@ -64,15 +69,30 @@ def cityscapes_scripts():
     return labels, Annotation, json2instanceImg
 
 
-def polygons_to_instance_ids(json_file: str) -> np.ndarray:
+def polygons_to_instance_ids(
+    json_file: str, image_size: Optional[Tuple[int, int]] = None, dropped: Optional[list] = None
+) -> np.ndarray:
     """The ``[H, W]`` int32 instance-id map of a ``*_gtFine_polygons.json``, drawn exactly as the
-    official ``*_gtFine_instanceIds.png`` are (cityscapesScripts' ``createInstanceImage``)."""
+    official ``*_gtFine_instanceIds.png`` are (cityscapesScripts' ``createInstanceImage``).
+
+    ``image_size`` ``(width, height)``: the size the json must state (its image's). Objects
+    whose polygon is unusable are not drawn; with ``dropped`` (a list), ``(reason, object index)``
+    is appended for each."""
     labels, Annotation, json2instanceImg = cityscapes_scripts()
     annotation = Annotation()
     try:
         annotation.fromJsonFile(json_file)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{json_file}: not a Cityscapes polygon annotation ({type(e).__name__}: {e})") from None
+    width, height = annotation.imgWidth, annotation.imgHeight
+    problem = image_size_problem(width, height)
+    if problem:
+        raise ValueError(f"{json_file}: {problem} (imgWidth, imgHeight)")
+    annotation.imgWidth, annotation.imgHeight = width, height = int(width), int(height)
+    if image_size is not None and (width, height) != tuple(image_size):
+        raise ValueError(
+            f"{json_file}: imgWidth x imgHeight is {width} x {height}, but its image is {image_size[0]} x {image_size[1]}"
+        )
     for k, obj in enumerate(annotation.objects):
         if obj.deleted:
             continue
@@ -82,8 +102,13 @@ def polygons_to_instance_ids(json_file: str) -> np.ndarray:
             raise ValueError(f"{json_file}: object #{k} has label '{obj.label}', which is not a Cityscapes label")
         if len(obj.polygon) < 2:
             raise ValueError(f"{json_file}: object #{k} ('{obj.label}') has a polygon of {len(obj.polygon)} point(s)")
-    if annotation.imgWidth <= 0 or annotation.imgHeight <= 0:
-        raise ValueError(f"{json_file}: image size {annotation.imgWidth}x{annotation.imgHeight}")
+        if not all(is_real_number(p.x) and is_real_number(p.y) for p in obj.polygon):
+            raise ValueError(f"{json_file}: object #{k} ('{obj.label}') has a polygon point that is not two numbers [x, y]")
+        reason = polygon_reason([p.x for p in obj.polygon], [p.y for p in obj.polygon], width, height)
+        if reason is not None:
+            obj.deleted = 1  # createInstanceImage skips deleted objects
+            if dropped is not None:
+                dropped.append((reason, k))
     return np.asarray(json2instanceImg.createInstanceImage(annotation, "ids"), dtype=np.int32)
 
 
@@ -136,15 +161,31 @@ def cityscapes_files(image_dir: str, gt_dir: str) -> List[Tuple[str, str, str]]:
     return files
 
 
+def _image_size(image: str) -> Tuple[int, int]:
+    """``(width, height)`` of an image file, from its header."""
+    try:
+        with Image.open(image) as im:
+            return im.size
+    except OSError as e:
+        raise ValueError(f"{image}: not a readable image ({e})") from None
+
+
 def _load_one(files: Tuple[str, str, str]) -> dict:
     image, polygons, instance_ids = files
+    dropped: List[Tuple[str, int]] = []
+    size = _image_size(image)
     if os.path.isfile(polygons):
-        ids = polygons_to_instance_ids(polygons)
+        ids = polygons_to_instance_ids(polygons, size, dropped)
     elif os.path.isfile(instance_ids):
         ids = _read_instance_ids_png(instance_ids)
+        if ids.shape != (size[1], size[0]):
+            raise ValueError(
+                f"{instance_ids}: the instance-id PNG is {ids.shape[1]} x {ids.shape[0]}, but its image is {size[0]} x {size[1]}"
+            )
     else:
         raise FileNotFoundError(f"{image}: no ground truth ({polygons} nor {instance_ids})")
     return {
+        "dropped": [(reason, f"{os.path.basename(polygons)} #{k}") for reason, k in dropped],
         "file_name": image,
         "height": int(ids.shape[0]),
         "width": int(ids.shape[1]),
@@ -166,8 +207,12 @@ def load_cityscapes_instances(image_dir: str, gt_dir: str, num_workers: Optional
             records = list(pool.map(_load_one, files, chunksize=8))
     else:
         records = [_load_one(f) for f in files]
+    drops = DropReport(gt_dir, kind="object", ids="objects")
     for image_id, record in enumerate(records):
         record["image_id"] = image_id
+        for reason, where in record.pop("dropped"):
+            drops.add(reason, where)
+    drops.log()
     logger.info(
         "Loaded %d images and %d instances from %s",
         len(records), sum(len(r["annotations"]) for r in records), gt_dir,

@@ -17,7 +17,7 @@ again. Unlabeled points (v = 0) are (0, 0, 0). A json whose categories declare k
 Anything malformed is an error naming the json file and the annotation (or image) id.
 Well-formed but unusable annotations (non-finite or absurd coordinates, empty or outside boxes,
 no polygon of 3 or more points) are dropped, counted and logged: the policy, shared with the
-evaluator, is in ``coco_checks``. Crowd and empty-image handling belongs to the training
+evaluator and the other loaders, is in ``annotation_checks``. Crowd and empty-image handling belongs to the training
 pipeline (``get_detection_dataset_dicts`` and the mapper).
 """
 import json
@@ -26,7 +26,14 @@ import os
 from typing import Any, Dict, List, Optional
 
 from ..catalog import DatasetCatalog, MetadataCatalog
-from .coco_checks import DropReport, is_real_number, unusable_reason, usable_polygons
+from .annotation_checks import (
+    DropReport,
+    as_float,
+    coco_annotation_reason,
+    image_size_problem,
+    is_real_number,
+    usable_polygons,
+)
 from .keypoint_meta import keypoint_metadata_from_categories
 
 __all__ = ["load_coco_json", "register_coco_instances"]
@@ -80,7 +87,7 @@ def _parse_segmentation(segm: Any, height: int, width: int) -> Any:
             raise _Malformed("every polygon must be a flat list of numbers [x0, y0, x1, y1, ...]")
         if len(poly) % 2 != 0:
             raise _Malformed(f"a polygon has an odd number of coordinates ({len(poly)})")
-        polygons.append([float(v) for v in poly])
+        polygons.append([as_float(v) for v in poly])
     # Shorter "polygons" (points, lines) exist in COCO; they cover nothing.
     return usable_polygons(polygons)
 
@@ -104,7 +111,7 @@ def _parse_keypoints(ann: dict, expected: Optional[int]) -> List[float]:
         raise _Malformed(f"num_keypoints is {num!r} but {labeled} keypoints are labeled (visibility > 0)")
     out: List[float] = []
     for x, y, v in zip(kps[0::3], kps[1::3], visibility):
-        out += [float(x) + 0.5, float(y) + 0.5, float(v)] if v > 0 else [0.0, 0.0, 0.0]
+        out += [as_float(x) + 0.5, as_float(y) + 0.5, float(v)] if v > 0 else [0.0, 0.0, 0.0]
     return out
 
 
@@ -124,7 +131,7 @@ def _parse_annotation(
     iscrowd = ann.get("iscrowd", 0)
     if iscrowd not in (0, 1):
         raise _Malformed(f"iscrowd must be 0 or 1, got {iscrowd!r}")
-    x, y, w, h = (float(v) for v in bbox)
+    x, y, w, h = (as_float(v) for v in bbox)
     out = {
         "id": ann["id"],
         "bbox": [x, y, x + w, y + h],
@@ -148,8 +155,9 @@ def _parse_image(img: Any, index: int, json_file: str) -> dict:
                 f"{json_file}: image #{index} (id {img.get('id')!r}) needs '{key}' of type {kind.__name__}, "
                 f"got {img.get(key)!r}"
             )
-    if img["height"] <= 0 or img["width"] <= 0:
-        raise ValueError(f"{json_file}: image id {img['id']} has size {img['height']}x{img['width']}")
+    problem = image_size_problem(img["width"], img["height"])
+    if problem:
+        raise ValueError(f"{json_file}: image id {img['id']}: {problem}")
     return img
 
 
@@ -199,7 +207,7 @@ def load_coco_json(json_file: str, image_root: str, dataset_name: Optional[str] 
         except _Malformed as e:
             raise ValueError(f"{where}: {e}") from None
         img = images[ann["image_id"]]
-        reason = unusable_reason(ann, img["width"], img["height"])
+        reason = coco_annotation_reason(ann, img["width"], img["height"])
         if reason is not None:
             drops.add(reason, ann_id)
             continue

@@ -17,7 +17,11 @@ VOC boxes are 1-based inclusive pixel indices; detcore's boxes are continuous xy
 ``xmin - 1, ymin - 1, xmax, ymax``: a box covering pixels 1..10 is 10 wide either way. Difficult
 objects are kept and flagged: training uses them (as detectron2 does; they do not hurt), the
 VOC evaluator ignores them as the devkit does. Every structural problem (unparsable XML, a
-missing field, an unknown class name, a non-numeric coordinate) is an error naming the file.
+missing field, an unknown class name, a non-numeric coordinate, an image size that is not a whole
+number of pixels) is an error naming the file and the object. An object whose box is unusable
+(NaN or infinite coordinates, absurdly far outside the image, empty, or outside the image) is
+dropped and logged, by the policy the COCO loader follows (``annotation_checks``); the VOC
+evaluator, which reads these records, never sees it.
 """
 import logging
 import os
@@ -25,6 +29,7 @@ import xml.etree.ElementTree as ET
 from typing import Callable, List, Optional, Sequence
 
 from ..catalog import DatasetCatalog, MetadataCatalog
+from .annotation_checks import DropReport, box_reason, image_size_problem
 
 __all__ = ["VOC_CLASSES", "load_voc_instances", "register_pascal_voc"]
 
@@ -52,17 +57,19 @@ def _number(node: ET.Element, path: str, xml_file: str, what: str) -> float:
         raise ValueError(f"{xml_file}: {what} <{path}> must be a number, got {text!r}") from None
 
 
-def _parse_annotation_file(xml_file: str, class_index: dict) -> dict:
+def _parse_annotation_file(xml_file: str, class_index: dict, drops: DropReport) -> dict:
     try:
         root = ET.parse(xml_file).getroot()
     except FileNotFoundError:
         raise FileNotFoundError(f"VOC annotation file not found: {xml_file}") from None
     except ET.ParseError as e:
         raise ValueError(f"{xml_file} is not valid XML: {e}") from None
-    width = int(_number(root, "size/width", xml_file, "the image"))
-    height = int(_number(root, "size/height", xml_file, "the image"))
-    if width <= 0 or height <= 0:
-        raise ValueError(f"{xml_file}: the image size must be positive, got width {width}, height {height}")
+    width = _number(root, "size/width", xml_file, "the image")
+    height = _number(root, "size/height", xml_file, "the image")
+    problem = image_size_problem(width, height)
+    if problem:
+        raise ValueError(f"{xml_file}: {problem} (<size>)")
+    width, height = int(width), int(height)
     annotations = []
     for k, obj in enumerate(root.findall("object")):
         what = f"object #{k}"
@@ -70,20 +77,20 @@ def _parse_annotation_file(xml_file: str, class_index: dict) -> dict:
         if name not in class_index:
             raise ValueError(f"{xml_file}: {what} has class '{name}', which is not one of {list(class_index)}")
         difficult = obj.find("difficult")  # absent on some VOC2012 objects: not difficult
-        difficult = int(_number(obj, "difficult", xml_file, what)) if difficult is not None and difficult.text else 0
+        difficult = _number(obj, "difficult", xml_file, what) if difficult is not None and difficult.text else 0
+        if difficult not in (0, 1):
+            raise ValueError(f"{xml_file}: {what} ('{name}') <difficult> must be 0 or 1, got {difficult!r}")
         box = obj.find("bndbox")
         if box is None:
             raise ValueError(f"{xml_file}: {what} ('{name}') has no <bndbox>")
         x1, y1, x2, y2 = (_number(box, k, xml_file, f"{what} ('{name}')") for k in ("xmin", "ymin", "xmax", "ymax"))
-        if not (x1 <= x2 and y1 <= y2):
-            raise ValueError(f"{xml_file}: {what} ('{name}') has xmin > xmax or ymin > ymax: {[x1, y1, x2, y2]}")
+        bbox = [x1 - 1.0, y1 - 1.0, x2, y2]
+        reason = box_reason(*bbox, width, height)
+        if reason is not None:
+            drops.add(reason, f"{os.path.basename(xml_file)} #{k}")
+            continue
         annotations.append(
-            {
-                "bbox": [x1 - 1.0, y1 - 1.0, x2, y2],
-                "category_id": class_index[name],
-                "iscrowd": 0,
-                "difficult": int(difficult != 0),
-            }
+            {"bbox": bbox, "category_id": class_index[name], "iscrowd": 0, "difficult": int(difficult)}
         )
     return {"height": height, "width": width, "annotations": annotations}
 
@@ -102,13 +109,15 @@ def load_voc_instances(dirname: str, split: str, class_names: Sequence[str] = VO
     if len(set(ids)) != len(ids):
         raise ValueError(f"{list_file}: an image id is listed twice")
     class_index = {name: i for i, name in enumerate(class_names)}
+    drops = DropReport(os.path.join(dirname, "Annotations"), kind="object", ids="objects")
     records = []
     for image_id, voc_id in enumerate(ids):
-        record = _parse_annotation_file(os.path.join(dirname, "Annotations", f"{voc_id}.xml"), class_index)
+        record = _parse_annotation_file(os.path.join(dirname, "Annotations", f"{voc_id}.xml"), class_index, drops)
         record.update(
             file_name=os.path.join(dirname, "JPEGImages", f"{voc_id}.jpg"), image_id=image_id, voc_id=voc_id
         )
         records.append(record)
+    drops.log()
     n = sum(len(r["annotations"]) for r in records)
     logger.info("Loaded %d images and %d objects from %s (split '%s')", len(records), n, dirname, split)
     return records

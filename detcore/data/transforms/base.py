@@ -180,7 +180,9 @@ class HFlipTransform(Transform):
         self.width = int(width)
 
     def apply_image(self, image):
-        return np.ascontiguousarray(image[:, ::-1])
+        # A copy, not np.ascontiguousarray: a 1-pixel-wide image's reversed view counts as
+        # contiguous to numpy, keeps its negative stride, and torch.from_numpy refuses it.
+        return image[:, ::-1].copy()
 
     def apply_coords(self, coords):
         coords = np.array(coords, dtype=np.float64)
@@ -199,7 +201,7 @@ class VFlipTransform(Transform):
         self.height = int(height)
 
     def apply_image(self, image):
-        return np.ascontiguousarray(image[::-1])
+        return image[::-1].copy()  # a copy: see HFlipTransform.apply_image
 
     def apply_coords(self, coords):
         coords = np.array(coords, dtype=np.float64)

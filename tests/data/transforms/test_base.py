@@ -1,6 +1,7 @@
 import cv2
 import numpy as np
 import pytest
+import torch
 
 from detcore.data.detection_utils import mask_to_polygons
 from detcore.data.transforms import (
@@ -65,6 +66,17 @@ def test_flips():
     kinds = {type(RandomFlip(0.5).get_transform(image)) for _ in range(40)}
     assert kinds == {NoOpTransform, HFlipTransform}
     assert isinstance(RandomFlip(1.0, horizontal=False, vertical=True).get_transform(image), VFlipTransform)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (1, 5, 3), (5, 1, 3), (1, 1), (4, 1)])
+def test_flips_of_one_pixel_wide_or_high_images_become_tensors(shape):
+    # numpy calls a reversed view contiguous along a dimension of size 1 and keeps its negative
+    # stride; torch.from_numpy refused it (TTA with TEST.AUG.MIN_SIZES (1,) or MAX_SIZE 1).
+    image = np.arange(int(np.prod(shape)), dtype=np.uint8).reshape(shape)
+    for flip, reference in ((HFlipTransform(shape[1]), image[:, ::-1]), (VFlipTransform(shape[0]), image[::-1])):
+        out = flip.apply_image(image)
+        assert min(out.strides) >= 0 and np.array_equal(out, reference)
+        assert torch.equal(torch.from_numpy(out), torch.from_numpy(reference.copy()))
 
 
 @pytest.mark.parametrize("flip", [HFlipTransform, VFlipTransform])

@@ -1,5 +1,6 @@
 """Unusable annotations and broken images: dropped with a logged count (annotations) or a clear
-error naming the file (images), in training and in evaluation alike (detcore.data.datasets.coco_checks)."""
+error naming the file (images), in training and in evaluation alike
+(detcore.data.datasets.annotation_checks; the VOC and Cityscapes loaders have their own tests)."""
 import json
 import logging
 import os
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from detcore.data import load_coco_json
-from detcore.data.datasets.coco_checks import unusable_reason
+from detcore.data.datasets.annotation_checks import coco_annotation_reason, image_size_problem
 from detcore.data.detection_utils import read_image
 
 from .files import write_png
@@ -39,24 +40,27 @@ UNUSABLE = [
     (ann(8, segmentation=[[10, 10, float("nan"), 10, 30, 30]]), "non-finite polygon coordinate"),
     (ann(9, segmentation=[[10, 10, 1e9, 10, 30, 1e9]]), "polygon far outside the image"),
     (ann(10, segmentation=[[10, 10, 30, 10]]), "no polygon with 3 or more points"),
+    # json integers have any number of digits: beyond the float range they are infinite as floats.
+    (ann(11, segmentation=[[10, 10, 10**400, 10, 30, 30]]), "non-finite polygon coordinate"),
+    (ann(12, bbox=(10, 10, -(10**400), 20)), "non-finite bbox"),
 ]
 
 
 @pytest.mark.parametrize("annotation, reason", UNUSABLE, ids=[r for _, r in UNUSABLE])
-def test_unusable_reason(annotation, reason):
-    assert unusable_reason(annotation, W, H) == reason
+def test_coco_annotation_reason(annotation, reason):
+    assert coco_annotation_reason(annotation, W, H) == reason
 
 
 def test_usable_annotations_pass():
-    assert unusable_reason(ann(1), W, H) is None
-    assert unusable_reason(ann(1, bbox=(-5, -5, 20, 20)), W, H) is None  # partly outside: clipped later
-    assert unusable_reason(ann(1, segmentation={"counts": "abc", "size": [H, W]}), W, H) is None  # RLE
+    assert coco_annotation_reason(ann(1), W, H) is None
+    assert coco_annotation_reason(ann(1, bbox=(-5, -5, 20, 20)), W, H) is None  # partly outside: clipped later
+    assert coco_annotation_reason(ann(1, segmentation={"counts": "abc", "size": [H, W]}), W, H) is None  # RLE
 
 
-def write_dataset(tmp_path, annotations):
+def write_dataset(tmp_path, annotations, width=W, height=H):
     write_png(tmp_path / "a.png", H, W)
     data = {
-        "images": [{"id": 1, "file_name": "a.png", "height": H, "width": W}],
+        "images": [{"id": 1, "file_name": "a.png", "height": height, "width": width}],
         "annotations": annotations,
         "categories": [{"id": 1, "name": "thing"}],
     }
@@ -70,8 +74,9 @@ def test_the_loader_drops_unusable_annotations_and_says_which(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         records = load_coco_json(path, tmp_path)
     assert [a["id"] for a in records[0]["annotations"]] == [1]
-    assert "dropped 9 unusable annotation(s)" in caplog.text
-    assert "2 with non-finite bbox (annotation ids 2, 3)" in caplog.text
+    assert "dropped 11 unusable annotation(s)" in caplog.text
+    assert "3 with non-finite bbox (annotation ids 2, 3, 12)" in caplog.text
+    assert "2 with non-finite polygon coordinate (annotation ids 8, 11)" in caplog.text
     assert "1 with polygon far outside the image (annotation ids 9)" in caplog.text
     assert str(path) in caplog.text
 
@@ -107,13 +112,35 @@ _CHILD = textwrap.dedent(
 
 
 def test_absurd_and_non_finite_polygons_neither_exhaust_memory_nor_crash(tmp_path):
-    path = write_dataset(tmp_path, [ann(1), UNUSABLE[6][0], UNUSABLE[7][0], UNUSABLE[8][0]])
+    path = write_dataset(tmp_path, [ann(1)] + [a for a, _ in UNUSABLE[6:]])  # NaN, 1e9 and 400-digit polygons, ...
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(
         [sys.executable, "-c", _CHILD, str(path), str(tmp_path)], capture_output=True, text=True, env=env, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "train instances 1" in result.stdout and "bbox AP 100.0" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "width, height, match",
+    [
+        (float("nan"), H, r"image #0 \(id 1\) needs 'width' of type int, got nan"),
+        (W, 10**400, r"image id 1: the image height must lie in 1..1048576 pixels, got 1000"),
+        (W, 0, r"image id 1: the image height must lie in 1..1048576 pixels, got 0"),
+        (1 << 20, 1 << 11, "image id 1: the image size 1048576 x 2048 exceeds 1073741824 pixels"),
+    ],
+)
+def test_an_impossible_image_size_is_an_error_naming_the_file_and_image(tmp_path, width, height, match):
+    path = write_dataset(tmp_path, [ann(1)], width=width, height=height)
+    with pytest.raises(ValueError, match=match) as info:
+        load_coco_json(path, tmp_path)
+    assert str(info.value).startswith(f"{path}: image ")
+
+
+def test_image_sizes():
+    assert image_size_problem(W, H) is None and image_size_problem(float(W), H) is None
+    assert image_size_problem(1 << 20, 1 << 10) is None  # the largest OpenCV reads
+    assert "whole number" in image_size_problem(True, H) and "whole number" in image_size_problem(W, 2.5)
 
 
 def test_a_truncated_jpeg_is_an_error_naming_the_file(tmp_path):
