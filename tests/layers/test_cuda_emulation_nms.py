@@ -4,7 +4,9 @@ As in test_cuda_emulation.py: detcore/csrc/cuda/nms_kernels.cuh compiled by g++ 
 tests/layers/cuda_emulation/cuda_emulation.h, run through the launcher's own host sequence
 (nms_launch.h) with the real limits or lowered ones, so that small inputs take the mask kernel's
 grid-stride loops and the unwrap's global-memory bitmap. Kept indices must equal the CPU kernel's
-exactly: same boxes, same order.
+exactly: same boxes, same order. The IoU threshold is compared in the IoU's type (float for float,
+half and bfloat16 boxes) after its conversion on the host: tests put IoUs exactly on, and one
+float step around, thresholds given in double.
 """
 import numpy as np
 import pytest
@@ -162,3 +164,82 @@ def test_nms_unwrap_more_words_than_threads(emu):
         assert torch.equal(emu.nms_unwrap(mask, max_shared_words), keep)
 
 
+# ------------------------------------------------------------- the IoU threshold, in the IoU's type
+
+
+def _iou(a, b, f):
+    """box_iou of nms_kernels.cuh, operation by operation in the numpy type f (np.float32 for
+    float, half and bfloat16 boxes; np.float64 for double)."""
+    a, b = [f(v) for v in a], [f(v) for v in b]
+    w = max(f(0), f(min(a[2], b[2]) - max(a[0], b[0])))
+    h = max(f(0), f(min(a[3], b[3]) - max(a[1], b[1])))
+    inter = f(w * h)
+    area_a = f(f(a[2] - a[0]) * f(a[3] - a[1]))
+    area_b = f(f(b[2] - b[0]) * f(b[3] - b[1]))
+    return f(inter / f(f(area_a + area_b) - inter))
+
+
+def _pairs(count, seed):
+    """Pairs of boxes with small integer corners (exact in bfloat16), all overlapping; the first
+    one has IoU 1/2 exactly, the second 1/3 (not a float)."""
+    rng = np.random.default_rng(seed)
+    pairs = [([0, 0, 4, 1], [0, 0, 2, 1]), ([0, 0, 2, 1], [1, 0, 3, 1])]
+    while len(pairs) < count:
+        a = [0, 0, *rng.integers(8, 64, 2).tolist()]
+        shift = rng.integers(0, 6, 2).tolist()
+        size = rng.integers(4, 64, 2).tolist()
+        pairs.append((a, [shift[0], shift[1], shift[0] + size[0], shift[1] + size[1]]))
+    return pairs
+
+
+def _thresholds_around(v, f):
+    """Thresholds (float64) on and around the IoU v of type f: v; the values of f one step below
+    and above; and (for float32) doubles strictly between v and those neighbours, which no float
+    equals, some of them rounding to v."""
+    below, above = np.nextafter(v, f(-1)), np.nextafter(v, f(2))
+    v, below, above = float(v), float(below), float(above)
+    return [v, below, above, (v + below) / 2, (v + above) / 2, v - (v - below) / 4, v + (above - v) / 4]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_iou_on_and_one_step_around_the_threshold(emu, dtype):
+    """Each pair in its own category (one batched_nms call for all): the lower-scored box goes
+    exactly when IoU > threshold in double, here where the IoU is the threshold, or one step of
+    the IoU's type away, or between two such steps."""
+    f = np.float64 if dtype == torch.float64 else np.float32
+    pairs = _pairs(24, 21)
+    boxes = torch.tensor([box for pair in pairs for box in pair], dtype=torch.float64).to(dtype)
+    scores = torch.linspace(1.0, 0.5, 2 * len(pairs), dtype=torch.float64).to(dtype)
+    idxs = torch.arange(len(pairs)).repeat_interleave(2)
+    ious = [_iou(a, b, f) for a, b in pairs]
+    assert ious[0] == 0.5 and (float(ious[1]) != 1 / 3) == (f == np.float32)
+    checked = 0
+    for v in ious[:6]:
+        for threshold in _thresholds_around(v, f):
+            suppressed = [float(iou) > threshold for iou in ious]
+            expected = [i for p, gone in enumerate(suppressed) for i in (2 * p, 2 * p + 1)[: 2 - gone]]
+            cpu = torch.ops.detcore.batched_nms(in_cpu_dtype(boxes), in_cpu_dtype(scores), idxs, threshold)
+            assert cpu.tolist() == expected, threshold
+            got = emu.nms(boxes, scores, idxs, threshold)
+            assert torch.equal(got, cpu), threshold
+            checked += 1
+    assert checked == 6 * 7
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("threshold", [0.1, 1 / 3, 0.7, 0.5 - 1e-12, 0.5 + 1e-12, -0.25, 1e-30])
+def test_thresholds_that_are_no_float(emu, dtype, threshold):
+    """Thresholds that no float equals, on crowded boxes (many IoUs near any threshold), for nms
+    and batched_nms; the mask's bits are the reference's, compared in double."""
+    boxes, g = _crowded_boxes(150, 31, dtype)
+    scores = distinct_scores(150, g, torch.float64).to(dtype)
+    idxs = torch.randint(0, 3, (150,), generator=g)
+    cpu_boxes, cpu_scores = in_cpu_dtype(boxes), in_cpu_dtype(scores)
+    expected = torch.ops.detcore.nms(cpu_boxes, cpu_scores, threshold)
+    assert torch.equal(emu.nms(boxes, scores, None, threshold), expected)
+    expected = torch.ops.detcore.batched_nms(cpu_boxes, cpu_scores, idxs, threshold)
+    assert torch.equal(emu.nms(boxes, scores, idxs, threshold), expected)
+    mask = emu.nms_mask(boxes, None, threshold)
+    reference = _reference_mask(boxes, None, threshold)
+    read = torch.arange(mask.shape[1])[None, :] >= (torch.arange(150)[:, None] // 64)
+    assert torch.equal(mask[read], reference[read])

@@ -10,6 +10,7 @@
 
 #include <tuple>
 
+#include "../nms_common.h"
 #include "launch_config.h"
 #include "nms_kernels.cuh"
 
@@ -43,7 +44,7 @@ at::Tensor nms_mask_launch(
             l.col_blocks, static_cast<const scalar_t*>(boxes.data_ptr<scalar_t>()),
             static_cast<const int64_t*>(
                 categories.defined() ? categories.data_ptr<int64_t>() : nullptr),
-            iou_threshold, nms_words(mask));
+            threshold_in<acc_t>(iou_threshold), nms_words(mask));
       });
   return mask;
 }
