@@ -128,3 +128,33 @@ def test_nms(emu, launches, n, limits):
     emu.nms(boxes[:0], scores[:0], None, 0.5)
     emu.nms(boxes[:0], scores[:0], idxs[:0], 0.5)
     assert launches() == []
+
+
+def _band_launches(lengths, max_grid_dim=MAX_GRID, max_shared_words=MAX_SHARED_WORDS):
+    """batched_nms's banded path, for categories of `lengths` boxes: the mask kernel, column blocks
+    of the widest category x row blocks of all, 64 threads; the unwrap, a block per category, the
+    removed bitmap of the widest category in shared memory while it fits."""
+    blocks = [-(-m // BOX_BLOCK) for m in lengths]
+    widest = max(blocks)
+    shared = widest * 8 if widest <= max_shared_words else 0
+    return [[min(widest, max_grid_dim), min(sum(blocks), max_grid_dim), 1, BOX_BLOCK, 1, 1, 0],
+            [min(len(lengths), max_grid_dim), 1, 1, THREADS, 1, 1, shared]]
+
+
+@pytest.mark.parametrize("limits", [(MAX_GRID, MAX_SHARED_WORDS), (2, 1)])
+def test_batched_nms_band(emu, launches, limits):
+    """Above band_above boxes (the last argument) the banded path; at it, the single mask."""
+    lengths = [64, 65, 1, 200]
+    g = seeded(4)
+    idxs = torch.cat([torch.full((m,), 10 - c) for c, m in enumerate(lengths)])
+    idxs = idxs[torch.randperm(len(idxs), generator=g)]
+    n = len(idxs)
+    boxes, scores = random_boxes(n, g, xy_max=100.0, wh_range=(5.0, 50.0)), distinct_scores(n, g)
+    emu.nms(boxes, scores, idxs, 0.5, *limits, n - 1)
+    assert launches() == _band_launches(lengths, *limits)
+    emu.nms(boxes, scores, idxs, 0.5, *limits, n)
+    assert launches() == _nms_launches(n, *limits)
+    emu.nms(boxes, scores, None, 0.5, *limits, 0)  # plain nms: never banded
+    assert launches() == _nms_launches(n, *limits)
+    emu.nms(boxes[:0], scores[:0], idxs[:0], 0.5, *limits, 0)
+    assert launches() == []

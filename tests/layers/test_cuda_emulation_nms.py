@@ -4,7 +4,9 @@ As in test_cuda_emulation.py: detcore/csrc/cuda/nms_kernels.cuh compiled by g++ 
 tests/layers/cuda_emulation/cuda_emulation.h, run through the launcher's own host sequence
 (nms_launch.h) with the real limits or lowered ones, so that small inputs take the mask kernel's
 grid-stride loops and the unwrap's global-memory bitmap. Kept indices must equal the CPU kernel's
-exactly: same boxes, same order. The IoU threshold is compared in the IoU's type (float for float,
+exactly: same boxes, same order. batched_nms over many boxes takes the banded path
+(nms_band_kernels.cuh: a mask of the pairs inside each category only); the tests lower the size
+above which it does (band_above) to reach it with few boxes, and run it once at the real size. The IoU threshold is compared in the IoU's type (float for float,
 half and bfloat16 boxes) after its conversion on the host: tests put IoUs exactly on, and one
 float step around, thresholds given in double.
 """
@@ -15,9 +17,11 @@ import torch
 import detcore.layers  # noqa: F401  (loads torch.ops.detcore)
 
 try:
-    from .reference_ops import EMULATED_DTYPES, in_cpu_dtype, seeded, distinct_scores, iou_one_to_many, random_boxes
+    from .reference_ops import (
+        EMULATED_DTYPES, batched_nms_reference, distinct_scores, in_cpu_dtype, iou_one_to_many, random_boxes, seeded)
 except ImportError:  # tests/ run as rootdir-relative modules, without packages
-    from reference_ops import EMULATED_DTYPES, in_cpu_dtype, seeded, distinct_scores, iou_one_to_many, random_boxes
+    from reference_ops import (
+        EMULATED_DTYPES, batched_nms_reference, distinct_scores, in_cpu_dtype, iou_one_to_many, random_boxes, seeded)
 
 DTYPES = EMULATED_DTYPES
 NMS_SIZES = [0, 1, 63, 64, 65, 129]  # across the 64-bit mask words
@@ -243,3 +247,91 @@ def test_thresholds_that_are_no_float(emu, dtype, threshold):
     reference = _reference_mask(boxes, None, threshold)
     read = torch.arange(mask.shape[1])[None, :] >= (torch.arange(150)[:, None] // 64)
     assert torch.equal(mask[read], reference[read])
+
+
+# ------------------------------------------------------ batched_nms's banded path (many boxes)
+
+BAND_ABOVE = 5000  # launch_config.h's kNmsBandAbove
+ALWAYS, NEVER = 0, 2**62  # band_above: every batched_nms takes the banded path, or none
+
+
+def _runs(lengths, ids, g):
+    """Category ids, len(lengths[i]) boxes of category ids[i], in a random order."""
+    idxs = torch.cat([torch.full((m,), c, dtype=torch.int64) for m, c in zip(lengths, ids)])
+    return idxs[torch.randperm(len(idxs), generator=g)]
+
+
+def _band_words(lengths):
+    """The banded mask's words: a category of m boxes, b = ceil(m / 64) blocks, has a word per row
+    of its row block k and column block k.. b - 1."""
+    words = 0
+    for m in lengths:
+        b = -(-m // 64)
+        words += sum(min(64, m - 64 * k) * (b - k) for k in range(b))
+    return words
+
+
+# Categories of 64 boxes (one whole block), 65 (a block and one box), single boxes, and one large
+# category; ids negative, beyond 32 bits, and not in order of first appearance.
+LAYOUTS = {
+    "one category": ([150], [7]),
+    "block edges": ([64, 65, 1, 63, 128], [5, -3, 2**40, 0, 9]),
+    "singletons and a large one": ([1] * 20 + [300], list(range(20, 0, -1)) + [-1]),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("limits", [(65535, MAX_SHARED_WORDS), (1, 0), (2, 1)])
+def test_band_equals_cpu_and_the_single_mask(emu, dtype, layout, limits):
+    """Kept indices equal the CPU kernel's and the single mask's (the path below band_above), with
+    the real limits, with a grid of one block per dimension (every grid-stride loop; the unwrap's
+    one block walks every category, its removed bitmap zeroed between them) and with the removed
+    bitmap in global memory."""
+    lengths, ids = LAYOUTS[layout]
+    g = seeded(len(lengths))
+    idxs = _runs(lengths, ids, g)
+    n = len(idxs)
+    boxes, g = _crowded_boxes(n, n, dtype)
+    scores = distinct_scores(n, g, torch.float64).to(dtype)
+    for threshold in (0.0, 0.5, 1.0):
+        expected = torch.ops.detcore.batched_nms(in_cpu_dtype(boxes), in_cpu_dtype(scores), idxs, threshold)
+        assert torch.equal(emu.nms(boxes, scores, idxs, threshold, *limits, ALWAYS), expected)
+        assert torch.equal(emu.nms(boxes, scores, idxs, threshold, *limits, NEVER), expected)
+
+
+def test_band_ties_nan_and_duplicates(emu):
+    """Equal scores (lower index first), NaN scores (first), a NaN coordinate, exact duplicates."""
+    boxes, g = _crowded_boxes(200, 8, torch.float32)
+    boxes[10:20] = boxes[0]
+    boxes[25, 2] = float("nan")
+    idxs = _runs([70, 64, 66], [2, 0, 1], g)
+    nan_scores = distinct_scores(200, g)
+    nan_scores[[3, 70, 129, 199]] = float("nan")
+    for scores in (torch.full((200,), 0.5), nan_scores):
+        for threshold in (0.0, 0.5, 1.0):
+            expected = torch.ops.detcore.batched_nms(boxes, scores, idxs, threshold)
+            assert torch.equal(emu.nms(boxes, scores, idxs, threshold, 65535, MAX_SHARED_WORDS, ALWAYS), expected)
+
+
+def test_band_at_the_real_size(emu):
+    """Over kNmsBandAbove boxes with the real limits: the banded path, its answer equal to the CPU
+    kernel's and to the plain-PyTorch reference's; its mask (the largest buffer) holds the pairs
+    inside each category only: 1/50 of the single mask's words here (40 categories)."""
+    lengths = [150 + 3 * k for k in range(40)]
+    g = seeded(40)
+    idxs = _runs(lengths, [k * 7 - 100 for k in range(40)], g)
+    n = len(idxs)
+    assert n > BAND_ABOVE
+    boxes = random_boxes(n, g, xy_max=300.0, wh_range=(5.0, 80.0))
+    scores = distinct_scores(n, g)
+    emu.allocations()  # forget earlier ones
+    got = emu.nms(boxes, scores, idxs, 0.5)
+    buffers = emu.allocations().tolist()
+    assert torch.equal(got, torch.ops.detcore.batched_nms(boxes, scores, idxs, 0.5))
+    assert torch.equal(got, batched_nms_reference(boxes, scores, idxs, 0.5))
+    assert max(buffers) == 8 * _band_words(lengths)
+    assert 50 * max(buffers) < 8 * n * -(-n // 64)
+    emu.nms(boxes[:BAND_ABOVE], scores[:BAND_ABOVE], idxs[:BAND_ABOVE], 0.5)  # at the size: one mask
+    assert max(emu.allocations().tolist()) == 8 * BAND_ABOVE * -(-BAND_ABOVE // 64)
+

@@ -48,6 +48,33 @@ constexpr NmsLaunch nms_launch(
   return l;
 }
 
+// batched_nms over more than kNmsBandAbove boxes takes the banded path (nms_band_kernels.cuh):
+// a mask of the pairs inside each category only, instead of n x ceil(n / 64) words over all
+// categories. torchvision's batched_nms switches to a per-category loop on CUDA at the same size
+// (20000 coordinates); below it the single mask is small and needs fewer host syncs.
+constexpr int64_t kNmsBandAbove = 5000;
+
+struct NmsBandLaunch {
+  unsigned int mask_grid_x, mask_grid_y;  // column blocks of the widest run x row blocks
+  unsigned int unwrap_grid;               // a block per run, kUnwrapThreads threads each
+  bool unwrap_in_shared;                  // the removed bitmap of the widest run fits
+  size_t unwrap_shared_bytes;             // its dynamic shared memory
+};
+
+// For `blocks` 64-box row blocks in `runs` runs (categories), the widest `widest_run` blocks.
+constexpr NmsBandLaunch nms_band_launch(
+    int64_t blocks, int64_t runs, int64_t widest_run, int64_t max_grid_dim = kMaxGridDim,
+    int64_t max_shared_words = kMaxSharedWords) {
+  NmsBandLaunch l{};
+  l.mask_grid_x = static_cast<unsigned int>(widest_run < max_grid_dim ? widest_run : max_grid_dim);
+  l.mask_grid_y = static_cast<unsigned int>(blocks < max_grid_dim ? blocks : max_grid_dim);
+  l.unwrap_grid = static_cast<unsigned int>(runs < max_grid_dim ? runs : max_grid_dim);
+  l.unwrap_in_shared = widest_run <= max_shared_words;
+  l.unwrap_shared_bytes =
+      l.unwrap_in_shared ? static_cast<size_t>(widest_run) * sizeof(unsigned long long) : 0;
+  return l;
+}
+
 // --- roi_align ------------------------------------------------------------------------------
 constexpr int kRoiAlignThreads = 256;  // one thread per pooled output element
 constexpr int64_t kMaxBlocks = 65535;  // grid-stride loops cover the rest
@@ -92,6 +119,7 @@ struct LaunchLimits {
   int64_t max_blocks = kMaxBlocks;              // 1-D grids (grid-stride loops cover the rest)
   int64_t max_grid_dim = kMaxGridDim;           // each dimension of the NMS grids
   int64_t max_shared_words = kMaxSharedWords;   // the NMS unwrap's removed bitmap in shared memory
+  int64_t nms_band_above = kNmsBandAbove;       // batched_nms: the banded path above this many boxes
 };
 
 }  // namespace detcore

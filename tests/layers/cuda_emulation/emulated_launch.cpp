@@ -1,6 +1,7 @@
 // The launches made by the emulated ops (emulated_launch.h), for the tests:
 // torch.ops.detcore_emulated.launches() returns them, one row (grid.x, grid.y, grid.z, block.x,
-// block.y, block.z, dynamic shared bytes) per launch since the previous call, and forgets them.
+// block.y, block.z, dynamic shared bytes) per launch since the previous call, and forgets them;
+// torch.ops.detcore_emulated.allocations() likewise the bytes of each empty() buffer.
 #include "emulated_launch.h"
 
 #include <torch/library.h>
@@ -14,6 +15,7 @@ namespace {
 
 std::mutex records_mutex;
 std::vector<std::array<int64_t, 7>> records;
+std::vector<int64_t> allocation_records;
 
 at::Tensor launches() {
   std::lock_guard<std::mutex> lock(records_mutex);
@@ -27,7 +29,19 @@ at::Tensor launches() {
   return out;
 }
 
+at::Tensor allocations() {
+  std::lock_guard<std::mutex> lock(records_mutex);
+  at::Tensor out = at::tensor(allocation_records, at::kLong);
+  allocation_records.clear();
+  return out;
+}
+
 }  // namespace
+
+void record_allocation(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(records_mutex);
+  allocation_records.push_back(bytes);
+}
 
 void record_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes) {
   std::lock_guard<std::mutex> lock(records_mutex);
@@ -39,4 +53,5 @@ void record_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes) {
 
 TORCH_LIBRARY_FRAGMENT(detcore_emulated, m) {
   m.def("launches() -> Tensor", &cuda_emulation::launches);
+  m.def("allocations() -> Tensor", &cuda_emulation::allocations);
 }
