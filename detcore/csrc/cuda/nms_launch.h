@@ -3,7 +3,8 @@
 // the real launcher (nms_kernel.cu) and the CUDA emulation of the tests, which pass their launch
 // policy (launch_config.h), so that both run exactly this sequence. The mask never leaves the
 // device; the only host sync is masked_select's, for the result size, except on batched_nms's
-// banded path (over launch.limits.nms_band_above boxes), which reads its layout's sizes too.
+// banded path (over launch.limits.nms_band_above boxes), which also waits for the categories'
+// sizes (unique_consecutive, their copy to the host) and for the copy of its layout back.
 #pragma once
 
 #include <ATen/ATen.h>
