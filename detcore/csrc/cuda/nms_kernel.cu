@@ -1,6 +1,6 @@
 // Launchers of nms and batched_nms; the kernels are in nms_kernels.cuh, the grid in
 // launch_config.h. The mask never leaves the GPU; the only host sync is masked_select's, for the
-// result size.
+// result size, which no caller can avoid (batched_nms with floating ids adds category_ids').
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "../checks.h"
+#include "../value_checks.h"
 #include "launch_config.h"
 #include "nms_kernels.cuh"
 
@@ -74,7 +75,7 @@ at::Tensor batched_nms_cuda(
     const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs,
     double iou_threshold) {
   check_batched_nms_inputs(boxes, scores, idxs, iou_threshold);
-  return nms_impl(boxes, scores, category_ids(idxs), iou_threshold);
+  return nms_impl(boxes, scores, category_ids(idxs, value_checks_enabled()), iou_threshold);
 }
 
 }  // namespace

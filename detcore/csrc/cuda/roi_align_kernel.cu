@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "../checks.h"
+#include "../value_checks.h"
 #include "launch_config.h"
 #include "roi_align_kernels.cuh"
 
@@ -20,7 +21,8 @@ at::Tensor roi_align_forward_cuda(
     const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
     int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
   check_roi_align_inputs(
-      input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned);
+      input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned,
+      value_checks_enabled());
   at::cuda::CUDAGuard device_guard(input.device());
 
   const int64_t num_rois = rois.size(0);
@@ -47,8 +49,8 @@ at::Tensor roi_align_forward_cuda(
         roi_align_forward_kernel<scalar_t, acc_t>
             <<<roi_align_blocks(total), kRoiAlignThreads, 0, stream>>>(
                 total, input_c.data_ptr<scalar_t>(), rois_c.data_ptr<scalar_t>(),
-                static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height,
-                pooled_width, sampling_ratio, aligned, output.data_ptr<scalar_t>());
+                static_cast<acc_t>(spatial_scale), input.size(0), channels, height, width,
+                pooled_height, pooled_width, sampling_ratio, aligned, output.data_ptr<scalar_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
   return output;
@@ -60,7 +62,7 @@ at::Tensor roi_align_backward_cuda(
     int64_t sampling_ratio, bool aligned) {
   check_roi_align_backward_inputs(
       grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
-      width, sampling_ratio, aligned);
+      width, sampling_ratio, aligned, value_checks_enabled());
   at::cuda::CUDAGuard device_guard(grad.device());
   // The atomics add in whatever order the threads arrive: the float sums vary run to run.
   at::globalContext().alertNotDeterministic("roi_align_backward_cuda");
@@ -82,8 +84,8 @@ at::Tensor roi_align_backward_cuda(
             <<<roi_align_blocks(total), kRoiAlignThreads, 0, stream>>>(
                 total, grad.data_ptr<scalar_t>(), grad.stride(0), grad.stride(1), grad.stride(2),
                 grad.stride(3), rois_c.data_ptr<scalar_t>(), static_cast<acc_t>(spatial_scale),
-                channels, height, width, pooled_height, pooled_width, sampling_ratio, aligned,
-                grad_input.data_ptr<acc_t>());
+                batch_size, channels, height, width, pooled_height, pooled_width, sampling_ratio,
+                aligned, grad_input.data_ptr<acc_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
   // A no-op for float / double (same dtype); one cast for half / bfloat16.

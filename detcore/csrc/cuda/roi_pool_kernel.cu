@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "../checks.h"
+#include "../value_checks.h"
 #include "launch_config.h"
 #include "roi_pool_kernels.cuh"
 
@@ -20,7 +21,8 @@ namespace {
 std::tuple<at::Tensor, at::Tensor> roi_pool_forward_cuda(
     const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
     int64_t pooled_width) {
-  check_roi_pool_inputs(input, rois, spatial_scale, pooled_height, pooled_width);
+  check_roi_pool_inputs(
+      input, rois, spatial_scale, pooled_height, pooled_width, value_checks_enabled());
   at::cuda::CUDAGuard device_guard(input.device());
 
   const int64_t channels = input.size(1);
@@ -44,8 +46,9 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_cuda(
         roi_pool_forward_kernel<scalar_t, acc_t>
             <<<roi_pool_blocks(total), kRoiPoolThreads, 0, stream>>>(
                 total, input_c.data_ptr<scalar_t>(), rois_c.data_ptr<scalar_t>(),
-                static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height,
-                pooled_width, output.data_ptr<scalar_t>(), argmax.data_ptr<int32_t>());
+                static_cast<acc_t>(spatial_scale), input.size(0), channels, height, width,
+                pooled_height, pooled_width, output.data_ptr<scalar_t>(),
+                argmax.data_ptr<int32_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
   return {output, argmax};
@@ -57,7 +60,7 @@ at::Tensor roi_pool_backward_cuda(
     int64_t channels, int64_t height, int64_t width) {
   check_roi_pool_backward_inputs(
       grad, rois, argmax, spatial_scale, pooled_height, pooled_width, batch_size, channels,
-      height, width);
+      height, width, value_checks_enabled());
   at::cuda::CUDAGuard device_guard(grad.device());
   // The atomics add in whatever order the threads arrive: the float sums vary run to run.
   at::globalContext().alertNotDeterministic("roi_pool_backward_cuda");
@@ -80,7 +83,7 @@ at::Tensor roi_pool_backward_cuda(
             <<<roi_pool_blocks(total), kRoiPoolThreads, 0, stream>>>(
                 total, grad.data_ptr<scalar_t>(), grad.stride(0), grad.stride(1), grad.stride(2),
                 grad.stride(3), argmax_c.data_ptr<int32_t>(), rois_c.data_ptr<scalar_t>(),
-                channels, height, width, pooled_height, pooled_width,
+                batch_size, channels, height, width, pooled_height, pooled_width,
                 grad_input.data_ptr<acc_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });

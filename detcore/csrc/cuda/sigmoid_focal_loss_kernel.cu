@@ -1,7 +1,7 @@
 // Launchers of sigmoid_focal_loss and its backward; the kernels are in
 // sigmoid_focal_loss_kernels.cuh, the grid in launch_config.h. Deterministic: no atomics on
 // values (see the kernels). The targets' check costs one small copy to the host (a sync) per
-// call, as the rois' checks of roi_align do.
+// call, as the rois' checks of roi_align do, unless value checks are off (value_checks.h).
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -13,15 +13,20 @@
 #include <tuple>
 
 #include "../checks.h"
+#include "../value_checks.h"
 #include "launch_config.h"
 #include "sigmoid_focal_loss_kernels.cuh"
 
 namespace detcore {
 namespace {
 
-// Raises for the first target the kernels found outside [0, 1] (first_bad < n).
+// Raises for the first target the kernels found outside [0, 1] (first_bad < n). With value checks
+// off nothing is read back: such targets give a loss outside the focal loss's range, no error.
 void report_bad_target(
     const char* op, const at::Tensor& first_bad, const at::Tensor& targets, int64_t n) {
+  if (!value_checks_enabled()) {
+    return;
+  }
   const int64_t index = first_bad.item<int64_t>();
   if (index < n) {
     const double value = targets.reshape(-1)[index].item<double>();

@@ -41,8 +41,8 @@ at::Tensor roi_align(
         detcore::roi_align_forward_kernel<scalar_t, acc_t>, total,
         static_cast<const scalar_t*>(input_c.data_ptr<scalar_t>()),
         static_cast<const scalar_t*>(rois_c.data_ptr<scalar_t>()),
-        static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height, pooled_width,
-        sampling_ratio, aligned, output.data_ptr<scalar_t>());
+        static_cast<acc_t>(spatial_scale), input.size(0), channels, height, width, pooled_height,
+        pooled_width, sampling_ratio, aligned, output.data_ptr<scalar_t>());
   });
   return output;
 }
@@ -68,8 +68,8 @@ at::Tensor roi_align_backward(
             static_cast<const scalar_t*>(grad.data_ptr<scalar_t>()), grad.stride(0),
             grad.stride(1), grad.stride(2), grad.stride(3),
             static_cast<const scalar_t*>(rois_c.data_ptr<scalar_t>()),
-            static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height,
-            pooled_width, sampling_ratio, aligned, grad_input.data_ptr<acc_t>());
+            static_cast<acc_t>(spatial_scale), batch_size, channels, height, width,
+            pooled_height, pooled_width, sampling_ratio, aligned, grad_input.data_ptr<acc_t>());
       });
   return grad_input.to(grad.scalar_type());
 }
