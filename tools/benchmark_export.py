@@ -82,10 +82,7 @@ def main(argv=None):
         export_s = time.perf_counter() - start
         start = time.perf_counter()
         onnx_path = os.path.join(tmp, "model.onnx")
-        torch.onnx.export(
-            program, (image,), dynamo=True, opset_version=detcore.export.OPSET,
-            custom_translation_table=detcore.export.onnx_translation_table(), verbose=False,
-        ).save(onnx_path)
+        detcore.export.program_to_onnx(program, (image,)).save(onnx_path)  # as export_model writes it
         onnx_s = time.perf_counter() - start
         start = time.perf_counter()
         scripted = script_exported_program(program)

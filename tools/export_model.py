@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from detcore.config import get_cfg  # noqa: E402
 from detcore.data import MetadataCatalog  # noqa: E402
 from detcore.engine import load_model_weights  # noqa: E402
-from detcore.export import FORMATS, export_model, resize_for_model  # noqa: E402
+from detcore.export import FORMATS, check_export_request, export_model, resize_for_model  # noqa: E402
 from detcore.export.wrapper import INPUT_LAYOUTS  # noqa: E402
 from detcore.modeling import build_model  # noqa: E402
 from detcore.utils.logger import setup_logger  # noqa: E402
@@ -36,6 +36,10 @@ def parse_args(argv=None):
     parser.add_argument(
         "--batch-size", type=int, default=None,
         help="export a graph taking B equally sized images at once (default: one image, no batch axis)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the model file and export.json of an earlier export in --output (otherwise refused)",
     )
     parser.add_argument(
         "--allow-random-weights", action="store_true",
@@ -57,6 +61,10 @@ def main(argv=None):
             "export_model: MODEL.WEIGHTS is empty, so the exported model would have random weights. Give the "
             "checkpoint (MODEL.WEIGHTS path/to/model_final.pth), or add --allow-random-weights if that is the intent."
         )
+    try:  # before the model is built and traced: the format, settings and folder can be refused now
+        check_export_request(cfg, args.format, args.output, args.overwrite)
+    except (ValueError, OSError) as e:
+        raise SystemExit(str(e)) from None
     model = build_model(cfg).eval()
     if cfg.MODEL.WEIGHTS:
         load_model_weights(model, cfg.MODEL.WEIGHTS)
@@ -71,7 +79,8 @@ def main(argv=None):
             sample = sample.permute(2, 0, 1).contiguous()
     class_names = MetadataCatalog.get(cfg.DATASETS.TEST[0]).get("thing_classes") if cfg.DATASETS.TEST else None
     paths = export_model(
-        cfg, model, args.format, args.output, sample, args.input_layout, class_names, args.batch_size
+        cfg, model, args.format, args.output, sample, args.input_layout, class_names, args.batch_size,
+        overwrite=args.overwrite,
     )
     print(f"Wrote {paths['model']} and {paths['metadata']}")
     return paths

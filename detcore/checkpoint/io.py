@@ -6,12 +6,15 @@ resolves only numpy's array / dtype / scalar reconstruction functions and a few 
 containers; any other global is refused. Everything else (torch `.pth` / `.pt`, zip or legacy)
 goes through `torch.load(weights_only=True)`, torch's own restricted loader.
 
-`read_checkpoint` then unwraps the usual containers ({"model": ...}, {"state_dict": ...},
+Before either, the file's pickles are judged by type (pickle_scan.py), so nothing large or unsafe is
+built from a hostile file. `load_checkpoint_object` is that one reader, for every checkpoint detcore
+reads. `read_checkpoint` then unwraps the usual containers ({"model": ...}, {"state_dict": ...},
 Detectron's {"blobs": ...}) and returns a flat name -> Tensor dict plus the entries it skipped.
 """
 import importlib
 import io
 import pickle
+import reprlib
 import zipfile
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -19,7 +22,9 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 
-__all__ = ["describe_file", "read_checkpoint", "safe_pickle_load", "unwrap_state_dict"]
+from .pickle_scan import check_pickle_file, check_zip_archive
+
+__all__ = ["describe_file", "load_checkpoint_object", "read_checkpoint", "safe_pickle_load", "unwrap_state_dict"]
 
 # numpy moved its internals from numpy.core to numpy._core in 2.0; old pickles name the former.
 _NUMPY_GLOBALS = {
@@ -122,7 +127,7 @@ def unwrap_state_dict(obj) -> Tuple[Dict[str, torch.Tensor], List[Tuple[str, str
     tensors, skipped = {}, []
     for name, value in obj.items():
         if not isinstance(name, str):
-            skipped.append((repr(name), "not a string key"))
+            skipped.append((reprlib.repr(name), "not a string key"))  # bounded: a key may nest deep
         elif isinstance(value, torch.Tensor):
             tensors[name] = value
         elif isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
@@ -132,15 +137,27 @@ def unwrap_state_dict(obj) -> Tuple[Dict[str, torch.Tensor], List[Tuple[str, str
     return tensors, skipped
 
 
-def read_checkpoint(path) -> Tuple[Dict[str, torch.Tensor], List[Tuple[str, str]]]:
-    """Read a checkpoint file safely and return (name -> Tensor, skipped entries)."""
+def load_checkpoint_object(path):
+    """The object in a checkpoint file, read safely: the one reader every checkpoint goes through
+    (``read_checkpoint`` for weights, the trainer's resume). Every error names the file.
+
+    Its pickles are first judged by type (pickle_scan.py: nothing that allocates by a number in the
+    file, nothing unsafe to build); then a zip archive is read by ``torch.load(weights_only=True)``,
+    anything else as a numpy-only pickle, or by torch.load when it is not one (a legacy torch file).
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint file not found: {path}")
-    data = path.read_bytes()
+    with open(path, "rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"
     obj, not_a_pickle = None, None
-    # Zip archives are torch.save files; anything else may be a plain (numpy) pickle first.
-    if not data.startswith(b"PK\x03\x04"):
+    if zipped:  # torch.save's format, read from the file (not held in memory twice)
+        check_zip_archive(path, str(path))
+        source = str(path)
+    else:
+        data = path.read_bytes()
+        check_pickle_file(data, str(path))
+        source = io.BytesIO(data)
         try:
             obj = safe_pickle_load(data)
         except pickle.UnpicklingError as e:
@@ -153,18 +170,27 @@ def read_checkpoint(path) -> Tuple[Dict[str, torch.Tensor], List[Tuple[str, str]
     if obj is None or isinstance(obj, int):
         # A legacy torch.save file starts with a pickled magic number, read above as an int.
         try:
-            obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            obj = torch.load(source, map_location="cpu", weights_only=True)
         except Exception as e:  # torch.load fails in many ways on files that are not checkpoints
             kind = describe_file(path)
             refused = isinstance(e, pickle.UnpicklingError) and kind.startswith(("a zip archive of", "a Python pickle"))
             if not_a_pickle is not None or not refused:
                 raise ValueError(
                     f"{path} is not a checkpoint: it seems to be {kind}; neither torch.load "
-                    f"nor pickle can read it ({not_a_pickle or e})"
+                    f"nor pickle can read it ({not_a_pickle or f'{type(e).__name__}: {e}'})"
                 ) from None
             raise pickle.UnpicklingError(
-                f"{path}: torch.load(weights_only=True) refused it ({e}). Checkpoints must hold only "
-                "tensors and plain containers; re-save just the weights, e.g. "
+                f"{path}: torch.load(weights_only=True) refused it ({e}). A checkpoint must hold only tensors and "
+                "plain containers: loading other objects could run arbitrary code. Re-save just the weights, e.g. "
                 "torch.save(model.state_dict(), path)"
             ) from None
-    return unwrap_state_dict(obj)
+    return obj
+
+
+def read_checkpoint(path) -> Tuple[Dict[str, torch.Tensor], List[Tuple[str, str]]]:
+    """Read a checkpoint file safely and return (name -> Tensor, skipped entries)."""
+    obj = load_checkpoint_object(path)
+    try:
+        return unwrap_state_dict(obj)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None

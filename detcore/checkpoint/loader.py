@@ -142,7 +142,10 @@ def convert_state_dict(
     model_state = model.state_dict() if model is not None else None
     if format == "auto" and model_state is not None and _names_the_model(state_dict, model_state):
         format = "detcore"  # any model's own checkpoint, not only the R-CNNs detect_format knows
-    converted = convert_keys(state_dict, format)
+    try:
+        converted = convert_keys(state_dict, format)
+    except ValueError as e:  # the format cannot be told, keys collide, ...: say which file
+        raise ValueError(f"{source}: {e}") from None
     report = LoadReport(source=source, format=converted.format, notes=list(converted.notes))
     report.dropped.extend(converted.dropped)
 

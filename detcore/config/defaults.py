@@ -460,6 +460,16 @@ _C.SOLVER.WARMUP_METHOD = "linear"
 # Save a checkpoint every this many iterations (and at the end).
 _C.SOLVER.CHECKPOINT_PERIOD = 5000
 
+# When training is called diverged (detcore/engine/divergence.py): it stops, and no checkpoint
+# keeps the diverged weights. Besides any NaN / inf loss, gradient or weight, two rules
+# relative to the run's start; 0 turns a rule off.
+_C.SOLVER.DIVERGENCE = CN()
+# A total loss more than this many times the run's first one.
+_C.SOLVER.DIVERGENCE.MAX_LOSS_GROWTH = 100.0
+# Weights whose L2 norm is more than this many times their norm when the run started
+# (checked before each checkpoint).
+_C.SOLVER.DIVERGENCE.MAX_WEIGHT_GROWTH = 10.0
+
 _C.SOLVER.CLIP_GRADIENTS = CN()
 # Gradient clipping before each step.
 _C.SOLVER.CLIP_GRADIENTS.ENABLED = False

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "argument_error.h"
+#include "roi_align_common.h"
 
 namespace detcore {
 
@@ -17,6 +18,9 @@ namespace detcore {
 // huge roi or spatial_scale would otherwise loop for hours, uninterruptibly, or exhaust memory.
 constexpr int64_t kMaxSamplingRatio = 128;
 constexpr int64_t kMaxSamplesPerBin = kMaxSamplingRatio * kMaxSamplingRatio;
+static_assert(
+    kMaxSamplesPerBin < kRoiAlignMaxGridSide,
+    "the kernels' clamp of an adaptive grid (roi_align_common.h) must change no admitted roi");
 
 // The kernels' floating types (the CUDA ones also take half and bfloat16). Others that pass
 // is_floating_point (float8) would fail inside the dtype dispatch with a bare error.
@@ -332,8 +336,8 @@ inline DeformConvShape check_deform_conv2d_inputs(
       weight.dim() == 4, op, ": weight must have shape [out_channels, in_channels / groups, ",
       "kernel_h, kernel_w], got ", weight.sizes());
   DETCORE_CHECK_ARG(
-      offset.dim() == 4, op, ": offset must have shape [N, 2 * offset_groups * kernel_h * ",
-      "kernel_w, out_h, out_w], got ", offset.sizes());
+      offset.dim() == 4, op, ": the shape of the offset is not valid: offset must have shape ",
+      "[N, 2 * offset_groups * kernel_h * kernel_w, out_h, out_w], got ", offset.sizes());
   check_deform_same(op, "weight", weight, input);
   check_deform_same(op, "offset", offset, input);
   DETCORE_CHECK_ARG(
@@ -381,15 +385,19 @@ inline DeformConvShape check_deform_conv2d_inputs(
   DETCORE_CHECK_ARG(
       offset.size(0) == s.batch && offset.size(1) == 2 * offset_groups * taps &&
           offset.size(2) == s.out_h && offset.size(3) == s.out_w,
-      op, ": offset must have shape [", s.batch, ", ", 2 * offset_groups * taps, ", ", s.out_h,
-      ", ", s.out_w, "] (N, 2 * offset_groups * kernel_h * kernel_w, out_h, out_w), got ",
-      offset.sizes());
+      op, ": the shape of the offset is not valid: offset must have shape [", s.batch, ", ",
+      2 * offset_groups * taps, ", ", s.out_h, ", ", s.out_w,
+      "] (N, 2 * offset_groups * kernel_h * kernel_w, out_h, out_w), got ", offset.sizes());
   if (mask.has_value() && mask->defined()) {
     check_deform_same(op, "mask", *mask, input);
+    // torchvision's words (its tests match them) for a mask of the wrong channel count.
+    const bool channels_wrong = mask->dim() >= 2 && mask->size(1) != offset_groups * taps;
     DETCORE_CHECK_ARG(
-        mask->dim() == 4 && mask->size(0) == s.batch && mask->size(1) == offset_groups * taps &&
+        mask->dim() == 4 && mask->size(0) == s.batch && !channels_wrong &&
             mask->size(2) == s.out_h && mask->size(3) == s.out_w,
-        op, ": mask must have shape [", s.batch, ", ", offset_groups * taps, ", ", s.out_h, ", ",
+        op, ": the shape of the mask is not valid",
+        channels_wrong ? " (mask.shape[1] is not valid)" : "",
+        ": mask must have shape [", s.batch, ", ", offset_groups * taps, ", ", s.out_h, ", ",
         s.out_w, "] (N, offset_groups * kernel_h * kernel_w, out_h, out_w), got ",
         mask->sizes());
   }
@@ -451,9 +459,10 @@ inline FocalReduction check_sigmoid_focal_loss_inputs(
       gamma);
   if (reduction == "none") return FocalReduction::kNone;
   if (reduction == "mean") return FocalReduction::kMean;
+  // "Invalid" as torchvision's ValueError says it (its tests match the word).
   DETCORE_CHECK_ARG(
-      reduction == "sum", op, ": reduction must be 'none', 'mean' or 'sum', got '", reduction,
-      "'");
+      reduction == "sum", op, ": Invalid value for reduction: it must be 'none', 'mean' or 'sum', ",
+      "got '", reduction, "'");
   return FocalReduction::kSum;
 }
 

@@ -3,8 +3,13 @@
 //
 // Kernel tap (i, j) of output position (oy, ox) reads the input at
 //   y = oy * stride_h - pad_h + i * dilation_h + offset_y,  x likewise,
-// blending the four pixels around (y, x) bilinearly. A pixel outside the map reads as 0; a point
-// at or beyond one pixel outside (y <= -1, y >= height, ...) reads 0 and has no gradient.
+// blending the four pixels around (y, x) bilinearly. A pixel outside the map reads as 0, so a
+// point at or beyond one pixel outside (y <= -1, y >= height, ...) reads 0. The derivatives with
+// respect to the point are the blend's on the point's cell [floor(y), floor(y) + 1) x [floor(x),
+// floor(x) + 1): at an integer coordinate, where the blend has a kink, the right derivative. So
+// also at the border: a point exactly at -1 (a zero offset over the padding, as a freshly
+// initialised offset conv gives) has the slope towards the map, as in torchvision (mmcv gives 0
+// there); a point at height or width, or below -1, has none (its cell lies off the map).
 // Offsets are laid out per offset group as (y, x) pairs for taps in row-major order: channel
 // 2 * (i * kw + j) is tap (i, j)'s y offset, the next its x offset; the mask has one channel per
 // tap. The products of the bilinear blend go through rounded_ops.h, so that nvcc cannot fuse
@@ -14,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "float_to_int.h"
 #include "rounded_ops.h"
 
 namespace detcore {
@@ -22,7 +28,8 @@ namespace detcore {
 // (its weight is still the bilinear one: it multiplies a value of 0).
 template <typename T>
 struct DeformSample {
-  bool inside;          // within (-1, height) x (-1, width): otherwise everything is 0
+  bool inside;          // the cell touches the map: y in [-1, height), x in [-1, width);
+                        // otherwise everything is 0
   int64_t y_low, x_low;  // floor of the point; the other corners are +1
   T ly, lx;             // distance from (y_low, x_low), in [0, 1)
   bool valid[4];        // (y_low,x_low), (y_low,x_high), (y_high,x_low), (y_high,x_high)
@@ -39,7 +46,8 @@ DETCORE_HOST_DEVICE T deform_coordinate(int64_t base, T offset) {
 template <typename T>
 DETCORE_HOST_DEVICE DeformSample<T> deform_sample(int64_t height, int64_t width, T y, T x) {
   DeformSample<T> s;
-  s.inside = y > T(-1) && y < static_cast<T>(height) && x > T(-1) && x < static_cast<T>(width);
+  // At -1 exactly the corners on the map have weight 0 (the value is 0) but a slope.
+  s.inside = y >= T(-1) && y < static_cast<T>(height) && x >= T(-1) && x < static_cast<T>(width);
   if (!s.inside) {  // also NaN offsets: nothing is sampled
     s.y_low = s.x_low = 0;
     s.ly = s.lx = T(0);
@@ -51,8 +59,8 @@ DETCORE_HOST_DEVICE DeformSample<T> deform_sample(int64_t height, int64_t width,
   }
   const T fy = floor(y);
   const T fx = floor(x);
-  s.y_low = static_cast<int64_t>(fy);
-  s.x_low = static_cast<int64_t>(fx);
+  s.y_low = float_to_int<int64_t>(fy);
+  s.x_low = float_to_int<int64_t>(fx);
   s.ly = sub_rn(y, fy);
   s.lx = sub_rn(x, fx);
   const T hy = sub_rn(T(1), s.ly);

@@ -8,9 +8,16 @@
 #include <cmath>
 #include <cstdint>
 
+#include "float_to_int.h"
 #include "rounded_ops.h"
 
 namespace detcore {
+
+// An adaptive grid's samples per bin side are clamped to [0, kRoiAlignMaxGridSide] before the
+// conversion to int, so that a huge or non-finite roi (NaN gives 0) converts the same way on
+// every device and grid_h * grid_w stays within int. Twice the largest side the argument checks
+// let through (checks.h, kMaxSamplesPerBin): no roi they admit has its grid changed.
+constexpr int kRoiAlignMaxGridSide = 1 << 15;
 
 // Where one roi's bins lie in feature-map coordinates. T is the accumulation type.
 template <typename T>
@@ -22,12 +29,21 @@ struct RoiGeometry {
   T count;             // grid_h * grid_w (at least 1): the average's divisor
 };
 
+// ceil(roi_size / pooled) samples along one side of each bin, clamped (kRoiAlignMaxGridSide). A
+// negative-size aligned roi gives a non-positive count: it samples nothing (output 0).
+template <typename T>
+DETCORE_HOST_DEVICE int adaptive_grid_side(T roi_size, int64_t pooled) {
+  T n = ceil(roi_size / static_cast<T>(pooled));
+  n = n < T(0) ? T(0) : (n > T(kRoiAlignMaxGridSide) ? T(kRoiAlignMaxGridSide) : n);
+  return float_to_int<int>(n);
+}
+
 template <typename T, typename R>
 DETCORE_HOST_DEVICE RoiGeometry<T> roi_geometry(
     const R* roi, T spatial_scale, int64_t pooled_height, int64_t pooled_width,
     int64_t sampling_ratio, bool aligned) {
   RoiGeometry<T> g;
-  g.batch = static_cast<int64_t>(roi[0]);
+  g.batch = float_to_int<int64_t>(static_cast<T>(roi[0]));
   const T offset = aligned ? T(0.5) : T(0);
   g.start_w = sub_rn(mul_rn(static_cast<T>(roi[1]), spatial_scale), offset);
   g.start_h = sub_rn(mul_rn(static_cast<T>(roi[2]), spatial_scale), offset);
@@ -40,12 +56,9 @@ DETCORE_HOST_DEVICE RoiGeometry<T> roi_geometry(
   g.bin_h = height / static_cast<T>(pooled_height);
   g.bin_w = width / static_cast<T>(pooled_width);
   g.grid_h = sampling_ratio > 0 ? static_cast<int>(sampling_ratio)
-                                : static_cast<int>(ceil(height / static_cast<T>(pooled_height)));
+                                : adaptive_grid_side(height, pooled_height);
   g.grid_w = sampling_ratio > 0 ? static_cast<int>(sampling_ratio)
-                                : static_cast<int>(ceil(width / static_cast<T>(pooled_width)));
-  // A negative-size aligned roi gives a non-positive grid: it samples nothing (output 0).
-  if (g.grid_h < 0) g.grid_h = 0;
-  if (g.grid_w < 0) g.grid_w = 0;
+                                : adaptive_grid_side(width, pooled_width);
   const int n = g.grid_h * g.grid_w;
   g.count = static_cast<T>(n > 1 ? n : 1);
   return g;
@@ -72,8 +85,8 @@ DETCORE_HOST_DEVICE BilinearTap<T> bilinear_tap(int64_t height, int64_t width, T
   t.valid = true;
   if (y <= T(0)) y = T(0);
   if (x <= T(0)) x = T(0);
-  t.y_low = static_cast<int64_t>(y);
-  t.x_low = static_cast<int64_t>(x);
+  t.y_low = float_to_int<int64_t>(y);
+  t.x_low = float_to_int<int64_t>(x);
   if (t.y_low >= height - 1) {
     t.y_high = t.y_low = height - 1;
     y = static_cast<T>(t.y_low);

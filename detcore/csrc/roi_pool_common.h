@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "float_to_int.h"
 #include "rounded_ops.h"
 
 namespace detcore {
@@ -38,14 +39,14 @@ DETCORE_HOST_DEVICE int64_t roi_pool_corner(T coordinate, T spatial_scale) {
   T v = round(mul_rn(coordinate, spatial_scale));
   const T limit = static_cast<T>(kRoiPoolCoordinateLimit);
   v = v < -limit ? -limit : (v > limit ? limit : v);
-  return static_cast<int64_t>(v);
+  return float_to_int<int64_t>(v);  // NaN (a non-finite roi) gives 0
 }
 
 template <typename T, typename R>
 DETCORE_HOST_DEVICE RoiPoolGeometry<T> roi_pool_geometry(
     const R* roi, T spatial_scale, int64_t pooled_height, int64_t pooled_width) {
   RoiPoolGeometry<T> g;
-  g.batch = static_cast<int64_t>(roi[0]);
+  g.batch = float_to_int<int64_t>(static_cast<T>(roi[0]));
   g.start_w = roi_pool_corner(static_cast<T>(roi[1]), spatial_scale);
   g.start_h = roi_pool_corner(static_cast<T>(roi[2]), spatial_scale);
   const int64_t end_w = roi_pool_corner(static_cast<T>(roi[3]), spatial_scale);
@@ -65,8 +66,8 @@ struct PixelRange {
 
 template <typename T>
 DETCORE_HOST_DEVICE PixelRange roi_pool_bin_range(int64_t start, T bin, int64_t p, int64_t size) {
-  int64_t begin = static_cast<int64_t>(floor(mul_rn(static_cast<T>(p), bin))) + start;
-  int64_t end = static_cast<int64_t>(ceil(mul_rn(static_cast<T>(p + 1), bin))) + start;
+  int64_t begin = float_to_int<int64_t>(floor(mul_rn(static_cast<T>(p), bin))) + start;
+  int64_t end = float_to_int<int64_t>(ceil(mul_rn(static_cast<T>(p + 1), bin))) + start;
   begin = begin < 0 ? 0 : (begin > size ? size : begin);
   end = end < 0 ? 0 : (end > size ? size : end);
   return PixelRange{begin, end};

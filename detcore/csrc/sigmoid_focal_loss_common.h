@@ -38,8 +38,13 @@ enum class FocalGamma : int { kZero, kOne, kTwo, kOther };
 // S is the scalar type of the computation (float or double).
 template <typename S>
 struct FocalParams {
-  S alpha_base;   // a_t = alpha_base + alpha_slope * t: (1 - alpha) + (2 alpha - 1) t, or 1 + 0 t
-  S alpha_slope;
+  // a_t = alpha_pos t + alpha_neg (1 - t): alpha and 1 - alpha, or 1 and 1 (no weighting). Two
+  // products of non-negative terms: a_t keeps its relative precision for any alpha, where the
+  // affine form (1 - alpha) + (2 alpha - 1) t cancels at t = 1 and loses alpha's low bits (all
+  // of them in float32 for alpha below 2^-24).
+  S alpha_pos;
+  S alpha_neg;
+  S alpha_slope;  // d a_t / d t = alpha_pos - alpha_neg: 2 alpha - 1, or 0
   S gamma;
   FocalGamma kind;
 };
@@ -48,7 +53,8 @@ template <typename S>
 inline FocalParams<S> focal_params(double alpha, double gamma) {
   FocalParams<S> f;
   const bool weighted = alpha >= 0;
-  f.alpha_base = static_cast<S>(weighted ? 1 - alpha : 1.0);
+  f.alpha_pos = static_cast<S>(weighted ? alpha : 1.0);
+  f.alpha_neg = static_cast<S>(weighted ? 1 - alpha : 1.0);
   f.alpha_slope = static_cast<S>(weighted ? 2 * alpha - 1 : 0.0);
   f.gamma = static_cast<S>(gamma);
   f.kind = gamma == 0   ? FocalGamma::kZero
@@ -81,7 +87,7 @@ DETCORE_FOCAL_INLINE FocalTerms<V> focal_terms(V x, V t, const FocalParams<S>& f
   // the small log1p term keeps all its bits (m + x - x rounds m away at large x).
   const V ce = Math::log1p(e) + (x > zero ? u * x : -(t * x));
   const V q = t * p1 + u * p;                   // 1 - p_t, in [0, 1]
-  const V a = f.alpha_base + f.alpha_slope * t;
+  const V a = f.alpha_pos * t + f.alpha_neg * u;  // 1 exactly when unweighted: t + (1 - t)
 
   // w = q^gamma, and ce_dw = ce * d(q^gamma)/dq, each 0 where q = 0 and gamma > 0 (its limit:
   // there ce vanishes as fast as q).

@@ -6,8 +6,21 @@
 
 ``make_detection_train_loader`` / ``make_detection_test_loader`` take plain arguments (records,
 mapper, batch size...); the ``build_*`` functions translate the config into them.
+
+The training stream is a pure function of its seed and its position: the batches come from a
+``TrainingBatchSampler`` (startable at any batch: the trainer starts it at the iteration it
+resumes from), and each image's augmentations draw from a random stream seeded by (seed, the
+image's position in the stream), inside ``MapDataset``. So batch ``k`` holds the same images,
+augmented the same way, in an uninterrupted run and in one resumed at ``k``, with any number of
+data-loader workers. The loader takes its workers' base seed from a generator of its own, so
+creating it draws nothing from the main process' random state.
+
+Workers end with the main process (``detcore.utils.processes.exit_with_parent``): one blocked on
+a dead main process would otherwise wait forever.
 """
+import functools
 import logging
+import os
 import pickle
 from typing import Callable, List, Optional, Sequence, Union
 
@@ -16,6 +29,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset
 
 from detcore.config.choices import TRAIN_SAMPLERS
+from detcore.utils import rng
+from detcore.utils.processes import exit_with_parent
 from detcore.utils.registry import build_from_config
 
 from .catalog import DatasetCatalog, MetadataCatalog
@@ -24,6 +39,8 @@ from .datasets.builtin import set_datasets_root
 from .samplers import (
     GroupedBatchSampler,
     InferenceSampler,
+    StreamItem,
+    TrainingBatchSampler,
     TrainingSampler,
     aspect_ratio_group_ids,
     get_rank_and_world_size,
@@ -67,7 +84,11 @@ class DatasetFromList(Dataset):
 
 
 class MapDataset(Dataset):
-    """``dataset`` with ``map_func`` applied to every item on access."""
+    """``dataset`` with ``map_func`` applied to every item on access.
+
+    Indexed with a ``StreamItem`` (the training loader), ``map_func`` draws from the random
+    stream of the item's seed and position (``detcore.utils.rng.isolated_rng``), and the calling
+    process' own random state is left as it was; indexed with an int, from the process' state."""
 
     def __init__(self, dataset: Dataset, map_func: Callable[[dict], dict]):
         self.dataset = dataset
@@ -76,7 +97,10 @@ class MapDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index: int) -> dict:
+    def __getitem__(self, index: Union[int, StreamItem]) -> dict:
+        if isinstance(index, StreamItem):
+            with rng.isolated_rng(index.seed, rng.SAMPLE, index.position):
+                return self.map_func(self.dataset[index.index])
         return self.map_func(self.dataset[index])
 
 
@@ -85,10 +109,16 @@ def trivial_batch_collator(batch: List[dict]) -> List[dict]:
     return batch
 
 
-def _worker_init(worker_id: int) -> None:
-    # Augmentations draw from np.random: give every worker its own stream, derived from the
-    # per-worker torch seed (which itself derives from the main process' torch RNG).
+def _worker_init(worker_id: int, main_pid: Optional[int] = None) -> None:
+    exit_with_parent(main_pid)
+    # A mapper indexed with plain ints draws from np.random: give every worker its own stream,
+    # derived from the per-worker torch seed (the loader's base seed + the worker id).
     np.random.seed(torch.initial_seed() % 2**32)
+
+
+def _worker_init_fn():
+    # Bound to this process' pid: a worker checks that the process that made the loader lives.
+    return functools.partial(_worker_init, main_pid=os.getpid())
 
 
 def get_detection_dataset_dicts(names: Union[str, Sequence[str]], filter_empty: bool = True) -> List[dict]:
@@ -164,7 +194,10 @@ def make_detection_train_loader(
     sampler: Optional[torch.utils.data.Sampler] = None,
 ) -> DataLoader:
     """An endless loader of ``total_batch_size / world_size`` mapped records per batch on this
-    rank. ``sampler`` defaults to a ``TrainingSampler`` seeded with ``seed``."""
+    rank. ``sampler`` defaults to a ``TrainingSampler`` seeded with ``seed``; with a
+    ``TrainingSampler`` the batches come from a ``TrainingBatchSampler`` (``loader.batch_sampler``:
+    see the module docstring), with another sampler the stream is neither startable at a batch nor
+    seeded per image."""
     _, world = get_rank_and_world_size()
     if total_batch_size <= 0 or total_batch_size % world != 0:
         raise ValueError(
@@ -175,12 +208,15 @@ def make_detection_train_loader(
     dataset = records if isinstance(records, Dataset) else DatasetFromList(records)
     if sampler is None:
         sampler = TrainingSampler(len(dataset), seed=seed)
-    if aspect_ratio_grouping:
-        if isinstance(records, Dataset):
-            raise ValueError(
-                "aspect_ratio_grouping needs the records (a list of dicts with width/height), not a Dataset"
-            )
-        batch_sampler = GroupedBatchSampler(sampler, aspect_ratio_group_ids(records), batch_size)
+    if aspect_ratio_grouping and isinstance(records, Dataset):
+        raise ValueError("aspect_ratio_grouping needs the records (a list of dicts with width/height), not a Dataset")
+    group_ids = aspect_ratio_group_ids(records) if aspect_ratio_grouping else None
+    generator = None  # the workers' base seed from the main process' torch RNG
+    if isinstance(sampler, TrainingSampler):
+        batch_sampler = TrainingBatchSampler(sampler, batch_size, group_ids)
+        generator = torch.Generator().manual_seed(rng.derive_seed(sampler.seed, rng.LOADER))
+    elif group_ids is not None:
+        batch_sampler = GroupedBatchSampler(sampler, group_ids, batch_size)
     else:
         batch_sampler = BatchSampler(sampler, batch_size, drop_last=True)
     return DataLoader(
@@ -188,7 +224,8 @@ def make_detection_train_loader(
         batch_sampler=batch_sampler,
         num_workers=num_workers,
         collate_fn=trivial_batch_collator,
-        worker_init_fn=_worker_init,
+        worker_init_fn=_worker_init_fn(),
+        generator=generator,
     )
 
 
@@ -208,7 +245,7 @@ def make_detection_test_loader(
         drop_last=False,
         num_workers=num_workers,
         collate_fn=trivial_batch_collator,
-        worker_init_fn=_worker_init,
+        worker_init_fn=_worker_init_fn(),
     )
 
 

@@ -7,11 +7,16 @@
   image exactly once.
 - ``GroupedBatchSampler``: batches of one aspect-ratio group only (landscape with landscape,
   portrait with portrait), so padding a batch to its largest image wastes little.
+- ``TrainingBatchSampler``: the training loader's batches, startable at any batch. Its batches
+  hold ``StreamItem``s: the dataset index, the stream's seed and the item's position in the
+  stream, from which the loader seeds the item's augmentations. Batch ``k`` is then the same
+  images with the same augmentations whether the stream started at 0 or at ``k`` (a resumed
+  run), whichever data-loader worker loads it.
 
 Rank and world size come from ``torch.distributed`` when it is initialized (``detcore.utils.comm``).
 """
 import itertools
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -19,7 +24,23 @@ from torch.utils.data import Sampler
 
 from ..utils import comm
 
-__all__ = ["TrainingSampler", "InferenceSampler", "GroupedBatchSampler", "get_rank_and_world_size"]
+__all__ = [
+    "StreamItem",
+    "TrainingSampler",
+    "InferenceSampler",
+    "GroupedBatchSampler",
+    "TrainingBatchSampler",
+    "get_rank_and_world_size",
+]
+
+
+class StreamItem(NamedTuple):
+    """One item of the training stream: ``index`` into the dataset, and the ``seed`` and
+    ``position`` (counted over all ranks) that seed its augmentations."""
+
+    index: int
+    seed: int
+    position: int
 
 
 def get_rank_and_world_size() -> Tuple[int, int]:
@@ -39,8 +60,8 @@ def _check_shard(rank: Optional[int], world_size: Optional[int], where: str) -> 
 class TrainingSampler(Sampler):
     """Endless indices into a dataset of ``size`` items (see the module docstring).
 
-    ``seed`` fixes the stream (``None``: a random seed shared by all ranks). ``rank`` /
-    ``world_size`` default to torch.distributed's."""
+    ``seed`` (an int >= 0) fixes the stream (``None``: a random seed shared by all ranks).
+    ``rank`` / ``world_size`` default to torch.distributed's."""
 
     def __init__(
         self,
@@ -52,6 +73,8 @@ class TrainingSampler(Sampler):
     ):
         if not isinstance(size, (int, np.integer)) or size <= 0:
             raise ValueError(f"TrainingSampler: size must be a positive int (the dataset length), got {size!r}")
+        if seed is not None and (not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise ValueError(f"TrainingSampler: seed must be an int >= 0 or None, got {seed!r}")
         self.size = int(size)
         self.shuffle = shuffle
         # Every rank must shuffle identically for the shards to stay disjoint.
@@ -59,11 +82,17 @@ class TrainingSampler(Sampler):
         self.rank, self.world_size = _check_shard(rank, world_size, "TrainingSampler")
 
     def __iter__(self) -> Iterator[int]:
-        return itertools.islice(self._all_ranks_indices(), self.rank, None, self.world_size)
+        return itertools.islice(self._all_ranks_indices(self.seed), self.rank, None, self.world_size)
 
-    def _all_ranks_indices(self) -> Iterator[int]:
+    def items(self) -> Iterator[StreamItem]:
+        """This rank's share of the stream as ``StreamItem``s (the same indices as iterating)."""
+        seed = self.seed
+        mine = itertools.islice(zip(self._all_ranks_indices(seed), itertools.count()), self.rank, None, self.world_size)
+        return (StreamItem(index, seed, position) for index, position in mine)
+
+    def _all_ranks_indices(self, seed: int) -> Iterator[int]:
         g = torch.Generator()
-        g.manual_seed(self.seed)
+        g.manual_seed(seed)
         while True:
             if self.shuffle:
                 yield from torch.randperm(self.size, generator=g).tolist()
@@ -106,13 +135,77 @@ class GroupedBatchSampler(Sampler):
         self.batch_size = int(batch_size)
 
     def __iter__(self) -> Iterator[List[int]]:
-        buckets = {}
-        for index in self.sampler:
-            bucket = buckets.setdefault(int(self.group_ids[index]), [])
-            bucket.append(index)
-            if len(bucket) == self.batch_size:
-                yield bucket[:]
-                bucket.clear()
+        return _grouped_batches(self.sampler, self.group_ids, self.batch_size)
+
+
+def _index(item: Union[int, StreamItem]) -> int:
+    return item.index if isinstance(item, StreamItem) else item
+
+
+def _grouped_batches(items: Iterable, group_ids: np.ndarray, batch_size: int) -> Iterator[list]:
+    buckets = {}
+    for item in items:
+        bucket = buckets.setdefault(int(group_ids[_index(item)]), [])
+        bucket.append(item)
+        if len(bucket) == batch_size:
+            yield bucket[:]
+            bucket.clear()
+
+
+def _batches(items: Iterable, batch_size: int) -> Iterator[list]:
+    items = iter(items)
+    while True:
+        yield list(itertools.islice(items, batch_size))
+
+
+class TrainingBatchSampler(Sampler):
+    """Batches of ``batch_size`` ``StreamItem``s from ``sampler``'s stream, each from one group
+    of ``group_ids`` (None: no grouping), from batch ``start`` on (see the module docstring).
+
+    ``start_at(k)`` before iterating makes the stream begin with batch ``k``: the ``k`` batches
+    before it are drawn as indices and dropped (the grouping's leftovers depend on them), which
+    reads no image. ``seed`` is the stream's seed (the sampler's).
+    """
+
+    def __init__(self, sampler: TrainingSampler, batch_size: int, group_ids: Optional[Sequence[int]] = None):
+        if not isinstance(sampler, TrainingSampler):
+            raise TypeError(f"TrainingBatchSampler: sampler must be a TrainingSampler, got {type(sampler).__name__}")
+        if not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+            raise ValueError(f"TrainingBatchSampler: batch_size must be a positive int, got {batch_size!r}")
+        self.sampler = sampler
+        self.batch_size = int(batch_size)
+        self.group_ids = None
+        if group_ids is not None:
+            self.group_ids = np.asarray(group_ids, dtype=np.int64)
+            if self.group_ids.shape != (sampler.size,):
+                raise ValueError(
+                    f"TrainingBatchSampler: group_ids must have one entry per dataset item ({sampler.size}), "
+                    f"got shape {self.group_ids.shape}"
+                )
+        self.start = 0
+
+    @property
+    def seed(self) -> int:
+        return self.sampler.seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        if not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"TrainingBatchSampler: seed must be an int >= 0, got {value!r}")
+        self.sampler.seed = int(value)
+
+    def start_at(self, batch: int) -> None:
+        if not isinstance(batch, (int, np.integer)) or batch < 0:
+            raise ValueError(f"TrainingBatchSampler.start_at: batch must be an int >= 0, got {batch!r}")
+        self.start = int(batch)
+
+    def __iter__(self) -> Iterator[List[StreamItem]]:
+        items = self.sampler.items()
+        if self.group_ids is None:
+            batches = _batches(items, self.batch_size)
+        else:
+            batches = _grouped_batches(items, self.group_ids, self.batch_size)
+        return itertools.islice(batches, self.start, None)
 
 
 def aspect_ratio_group_ids(records: Sequence[dict]) -> np.ndarray:

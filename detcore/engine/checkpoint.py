@@ -6,8 +6,9 @@ fsynced, then renamed over the final name (``os.replace``, atomic on POSIX), and
 the previous checkpoint or the new one, never a torn file, and the pointer always names a
 complete checkpoint.
 
-Every file is read with ``torch.load(weights_only=True)``: only tensors and plain containers
-are unpickled, so a checkpoint cannot run code. That is why RNG states are stored as tensors and
+Every file is read as detcore reads any checkpoint (``detcore.checkpoint.io``): judged by type,
+then ``torch.load(weights_only=True)``: only tensors and plain containers are unpickled, so a
+checkpoint cannot run code or allocate by a number it declares. That is why RNG states are stored as tensors and
 tuples (``detcore.utils.comm.rng_states``) and no config object is pickled.
 
 ``load_model_weights(model, path)`` is the one entry point for initializing a model from a file
@@ -18,18 +19,18 @@ import contextlib
 import glob
 import logging
 import os
-import pickle
 import shutil
 import signal
 import tempfile
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
 from detcore.checkpoint import LoadReport, convert_state_dict, load_converted_state_dict
-from detcore.checkpoint.io import describe_file
+from detcore.checkpoint.io import load_checkpoint_object
+from detcore.solver.resume import load_optimizer_state, load_scheduler_state
 from detcore.utils import comm
 
 __all__ = [
@@ -122,20 +123,10 @@ def _ctrl_c_deferred(path: str):
 
 # --- reading --------------------------------------------------------------------------------------
 def load_checkpoint_file(path: str) -> Any:
-    """``torch.load(path, map_location="cpu", weights_only=True)`` with errors that say why."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint file not found: {path!r}")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch.load fails in many ways on files that are not checkpoints
-        kind = describe_file(path)
-        if isinstance(e, pickle.UnpicklingError) and kind.startswith(("a zip archive of", "a Python pickle")):
-            raise pickle.UnpicklingError(
-                f"Refusing to load {path!r}: it holds objects other than tensors and plain containers, "
-                f"and loading them could run arbitrary code (torch.load weights_only=True said: {e})"
-            ) from e
-        raise ValueError(f"Cannot read checkpoint {path!r}: it seems to be {kind} ({type(e).__name__}: {e})") from e
+    """The object in a checkpoint file, read as every checkpoint is
+    (``detcore.checkpoint.io.load_checkpoint_object``: judged by type first, then
+    ``torch.load(weights_only=True)``), with errors that name the file and say why."""
+    return load_checkpoint_object(os.fspath(path))
 
 
 def load_model_weights(model: nn.Module, path: str, *, strict: bool = False) -> LoadReport:
@@ -162,9 +153,10 @@ def load_model_weights(model: nn.Module, path: str, *, strict: bool = False) -> 
 class Checkpointer:
     """Saves and restores everything a run needs to continue where it stopped.
 
-    A checkpoint holds "model", "optimizer", "scheduler", "grad_scaler" (the ones given),
-    "rng_states" (python / numpy / torch / CUDA, one entry per rank) and whatever ``save`` gets as
-    keyword arguments (the trainer passes ``iteration``). ``save`` must be called on every rank
+    A checkpoint holds "model", "optimizer", "scheduler", "grad_scaler", "trainer" (the ones
+    given; "trainer" is ``SimpleTrainer.state_dict()``: the run's seed), "rng_states" (python /
+    numpy / torch / CUDA, one entry per rank) and whatever ``save`` gets as keyword arguments (the
+    trainer passes ``iteration``). ``save`` must be called on every rank
     (it gathers the RNG states); only rank 0 writes.
     """
 
@@ -176,6 +168,7 @@ class Checkpointer:
         optimizer: Optional[torch.optim.Optimizer] = None,
         scheduler: Optional[Any] = None,
         grad_scaler: Optional[Any] = None,
+        trainer: Optional[Any] = None,
         save_to_disk: Optional[bool] = None,
     ):
         self.model = comm.unwrap_model(model)
@@ -183,7 +176,11 @@ class Checkpointer:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.grad_scaler = grad_scaler
+        self.trainer = trainer
         self.save_to_disk = comm.is_main_process() if save_to_disk is None else save_to_disk
+        # What last_checkpoint named before this process' latest save (None: nothing), and that save.
+        self._before_last_save: Optional[str] = None
+        self._last_saved: Optional[str] = None
 
     def _pointer_path(self) -> str:
         return os.path.join(self.save_dir, LAST_CHECKPOINT_FILE)
@@ -202,7 +199,7 @@ class Checkpointer:
                 f"Refusing to write checkpoint {name}: the model has infinite or NaN weights ({shown}); "
                 f"the last checkpoint in {self.save_dir} is the last good state"
             )
-        for key, obj in (("optimizer", self.optimizer), ("scheduler", self.scheduler), ("grad_scaler", self.grad_scaler)):
+        for key, obj in self._checkpointables():
             if obj is not None:
                 data[key] = obj.state_dict()
         data["rng_states"] = rng
@@ -216,6 +213,7 @@ class Checkpointer:
                 _atomic_write_text(self._pointer_path(), filename)
             except Exception as e:  # a full disk reads "enforce fail at inline_container.cc" in torch
                 raise OSError(self._write_failure(path, previous, e)) from e
+        self._before_last_save, self._last_saved = previous or None, filename
         self._remove_stale_temp_files()
         logger.info("Saved checkpoint %s", path)
         return path
@@ -240,6 +238,28 @@ class Checkpointer:
             else "there was no earlier checkpoint, and no partial file is left"
         )
         return f"Could not write checkpoint {path} ({free}; {type(error).__name__}: {error}). Nothing was replaced: {kept}"
+
+    def set_aside_last_save(self) -> Tuple[Optional[str], Optional[str]]:
+        """Point ``last_checkpoint`` back to what it named before this process' latest save (or
+        remove it when it named nothing): for a checkpoint whose weights turned out to diverge.
+        The file itself stays. Returns (the file set aside, what ``last_checkpoint`` names now);
+        the first is None on ranks that do not write, or when nothing was saved."""
+        if not self.save_to_disk or self._last_saved is None:
+            return None, self._pointer_text() or None
+        if self._before_last_save is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._pointer_path())
+            _fsync_dir(self.save_dir)
+        else:
+            _atomic_write_text(self._pointer_path(), self._before_last_save)
+        set_aside, self._last_saved = self._last_saved, None
+        return set_aside, self._before_last_save
+
+    def _checkpointables(self):
+        return (
+            ("optimizer", self.optimizer), ("scheduler", self.scheduler), ("grad_scaler", self.grad_scaler),
+            ("trainer", self.trainer),
+        )
 
     def _remove_stale_temp_files(self) -> None:
         # Left by runs killed mid-save. Only rank 0 of one run writes into save_dir, and its own
@@ -300,8 +320,13 @@ class Checkpointer:
         return self.get_checkpoint_file() is not None
 
     def resume(self, path: Optional[str] = None) -> Dict[str, Any]:
-        """Restore model, optimizer, scheduler, grad scaler and RNG states from ``path`` (default:
-        the last checkpoint). Returns the other entries (e.g. ``iteration``).
+        """Restore model, optimizer, scheduler, grad scaler, trainer and RNG states from ``path``
+        (default: the last checkpoint). Returns the other entries (e.g. ``iteration``).
+
+        The optimizer and the LR schedule keep the settings they were built with (this run's
+        config: LR, steps, warmup, momentum, weight decay) and take their state and position from
+        the checkpoint (``detcore.solver.resume``); settings that differ from the checkpoint's are
+        logged in a warning.
 
         The model must match the checkpoint exactly: resuming a different model is an error.
         """
@@ -315,7 +340,8 @@ class Checkpointer:
         if not report.complete:
             raise ValueError(f"Cannot resume from {path!r}: it does not match the model.\n{report.table()}")
         self.model.load_state_dict(usable)
-        for key, obj in (("optimizer", self.optimizer), ("scheduler", self.scheduler), ("grad_scaler", self.grad_scaler)):
+        changed = []
+        for key, obj in self._checkpointables():
             state = data.pop(key, None)
             if obj is None:
                 continue
@@ -323,8 +349,18 @@ class Checkpointer:
                 logger.warning("%s has no '%s' state; it starts fresh", path, key)
             elif key == "grad_scaler" and not state:
                 continue  # saved from a run without a scaler
+            elif key == "optimizer":
+                changed += [f"optimizer {c}" for c in load_optimizer_state(obj, state)]
+            elif key == "scheduler":
+                changed += [f"LR schedule {c}" for c in load_scheduler_state(obj, state)]
             else:
                 obj.load_state_dict(state)
+        if changed:
+            lrs = sorted({g["lr"] for g in self.optimizer.param_groups}) if self.optimizer is not None else []
+            logger.warning(
+                "Resuming %s with other solver settings than it was saved with; this run's config applies from the "
+                "resumed iteration on (LR now %s):\n  %s", path, ", ".join(f"{lr:.6g}" for lr in lrs), "\n  ".join(changed),
+            )
         self._restore_rng(data.pop("rng_states", None), path)
         logger.info("Resumed from %s", path)
         return data

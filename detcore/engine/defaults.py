@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from detcore.data import MetadataCatalog, build_detection_test_loader, build_detection_train_loader
+from detcore.data.samplers import TrainingBatchSampler
 from detcore.evaluation import (
     EVALUATOR_TYPES,
     CityscapesInstanceEvaluator,
@@ -38,6 +39,7 @@ from detcore.utils.registry import build_from_config
 
 from . import hooks
 from .checkpoint import Checkpointer
+from .divergence import DivergenceGuard
 from .events import CommonMetricPrinter, JSONWriter, TensorboardWriter
 from .inference import format_results, inference_on_dataset
 from .output_dir import check_new_run, lock_output_dir
@@ -169,6 +171,15 @@ def create_ddp_model(model: nn.Module) -> nn.Module:
     return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
 
 
+def _run_seed(cfg, data_loader) -> int:
+    """The seed of the run's random streams, the same on every rank: the training stream's when
+    the loader has one (SEED, or a shared random draw for SEED < 0), else SEED or a shared draw."""
+    batches = getattr(data_loader, "batch_sampler", None)
+    if isinstance(batches, TrainingBatchSampler):
+        return batches.seed
+    return cfg.SEED if cfg.SEED >= 0 else comm.shared_random_seed()
+
+
 class DefaultTrainer(TrainerBase):
     """Builds model, optimizer, schedule, data loader, checkpointer and hooks from ``cfg``.
 
@@ -193,10 +204,13 @@ class DefaultTrainer(TrainerBase):
             grad_clipper=build_gradient_clipper(cfg),
             amp_enabled=cfg.SOLVER.AMP.ENABLED,
             amp_dtype=cfg.SOLVER.AMP.DTYPE,
+            seed=_run_seed(cfg, data_loader),
+            guard=DivergenceGuard(cfg.SOLVER.DIVERGENCE.MAX_LOSS_GROWTH, cfg.SOLVER.DIVERGENCE.MAX_WEIGHT_GROWTH),
         )
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
         self.checkpointer = Checkpointer(
-            model, cfg.OUTPUT_DIR, optimizer=optimizer, scheduler=self.scheduler, grad_scaler=self._trainer.grad_scaler
+            model, cfg.OUTPUT_DIR, optimizer=optimizer, scheduler=self.scheduler, grad_scaler=self._trainer.grad_scaler,
+            trainer=self._trainer,
         )
         self.start_iter = 0
         self.max_iter = cfg.SOLVER.MAX_ITER
@@ -226,6 +240,12 @@ class DefaultTrainer(TrainerBase):
                 check_new_run(self.cfg.OUTPUT_DIR, start_over=start_over)
         extra = self.checkpointer.resume_or_load(self.cfg.MODEL.WEIGHTS, resume=resume)
         self.start_iter = int(extra["iteration"]) + 1 if "iteration" in extra else 0
+        if "iteration" in extra and 0 <= self.cfg.SEED != self._trainer.seed:
+            logger.warning(
+                "SEED %d is not used: the resumed run continues with its own seed %d, so that it draws the images, "
+                "augmentations and random numbers it would have drawn uninterrupted. To train with another seed, start a "
+                "new run from the checkpoint's weights (MODEL.WEIGHTS).", self.cfg.SEED, self._trainer.seed,
+            )
 
     def build_hooks(self) -> List[Optional[hooks.HookBase]]:
         cfg = self.cfg
@@ -241,7 +261,7 @@ class DefaultTrainer(TrainerBase):
             # Before the checkpointer (see detcore.engine.hooks): no iteration a resumed run skips
             # is missing from metrics.json.
             hooks.PeriodicWriter([metrics] + self.build_writers(), cfg.LOG_PERIOD, checkpoint_period) if main else None,
-            hooks.PeriodicCheckpointer(self.checkpointer, checkpoint_period),
+            hooks.PeriodicCheckpointer(self.checkpointer, checkpoint_period, check_weights=self._trainer.check_weights),
             hooks.LossCurvePlotter(metrics, os.path.join(out, LOSS_CURVE_FILE), checkpoint_period) if main else None,
             # After the checkpoint: a crash while evaluating loses no training.
             hooks.EvalHook(cfg.TEST.EVAL_PERIOD, lambda: self.test(cfg, self.model)) if cfg.DATASETS.TEST else None,

@@ -15,13 +15,13 @@ import logging
 import math
 import os
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from detcore.utils import comm
 
 from .checkpoint import Checkpointer
 from .events import EventWriter, JSONWriter
-from .train_loop import HookBase
+from .train_loop import HookBase, TrainingDiverged
 
 __all__ = [
     "IterationTimer",
@@ -86,20 +86,47 @@ def is_checkpoint_iteration(it: int, period: int, max_iter: int) -> bool:
 class PeriodicCheckpointer(HookBase):
     """Saves ``model_<iter:07d>.pth`` after every ``period``-th iteration and ``model_final.pth``
     after the last one (a step that raised never reaches ``after_step``, so a failed run gets no
-    final checkpoint). Runs on every rank (saving gathers RNG states); rank 0 writes."""
+    final checkpoint). Runs on every rank (saving gathers RNG states); rank 0 writes.
 
-    def __init__(self, checkpointer: Checkpointer, period: int):
+    ``check_weights()``, when given, runs before each save and raises ``TrainingDiverged`` for
+    weights that must not be saved (``SimpleTrainer.check_weights``). When training stops with
+    ``TrainingDiverged`` whose bad weights are those of this run's latest save (the step right
+    after a checkpoint diverged: resuming from it would meet the same loss on the same batch),
+    ``last_checkpoint`` goes back to the checkpoint before (see ``detcore.engine.divergence``)."""
+
+    def __init__(self, checkpointer: Checkpointer, period: int, check_weights: Optional[Callable[[], None]] = None):
         if period <= 0:
             raise ValueError(f"SOLVER.CHECKPOINT_PERIOD must be > 0, got {period}")
         self.checkpointer = checkpointer
         self.period = period
+        self.check_weights = check_weights
+        self._last_saved_iter: Optional[int] = None
+
+    def _save(self, name: str, it: int) -> None:
+        if self.check_weights is not None:
+            self.check_weights()
+        self.checkpointer.save(name, iteration=it)
+        self._last_saved_iter = it
 
     def after_step(self) -> None:
         it = self.trainer.iter
         if it == self.trainer.max_iter - 1:
-            self.checkpointer.save("model_final", iteration=it)
+            self._save("model_final", it)
         elif is_checkpoint_iteration(it, self.period, self.trainer.max_iter):
-            self.checkpointer.save(f"model_{it:07d}", iteration=it)
+            self._save(f"model_{it:07d}", it)
+
+    def after_train(self) -> None:
+        failure = self.trainer.failure
+        if not isinstance(failure, TrainingDiverged) or failure.bad_weights_iteration != self._last_saved_iter:
+            return
+        set_aside, now = self.checkpointer.set_aside_last_save()
+        if set_aside is not None:
+            logger.warning(
+                "%s holds the weights that diverged at iteration %d, so last_checkpoint no longer names it (the file "
+                "stays): %s", set_aside, self._last_saved_iter + 1,
+                f"it names {now}, the last good state" if now else "no checkpoint is left, so --resume starts from the beginning",
+            )
+        self._last_saved_iter = None
 
 
 def flatten_results(results: Dict, prefix: str = "") -> Dict[str, float]:

@@ -8,7 +8,6 @@ to the last iteration (final checkpoint, final evaluation) happens in its ``afte
 a step that raised never reaches.
 """
 import logging
-import math
 import time
 import weakref
 from typing import Callable, Iterable, List, Optional
@@ -17,11 +16,13 @@ import torch
 from torch import nn
 
 from detcore.config.choices import AMP_DTYPES
-from detcore.utils import comm
+from detcore.data.samplers import TrainingBatchSampler
+from detcore.utils import comm, rng
 
+from .divergence import HOW_TO_GO_ON, DivergenceGuard, TrainingDiverged
 from .events import EventStorage, get_event_storage
 
-__all__ = ["HookBase", "TrainerBase", "SimpleTrainer"]
+__all__ = ["HookBase", "TrainerBase", "SimpleTrainer", "TrainingDiverged"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class TrainerBase:
     """Runs iterations ``[start_iter, max_iter)`` with hooks; subclasses implement ``run_step``.
 
     Attributes: ``iter`` (the current iteration), ``start_iter``, ``max_iter``, ``storage`` (the
-    run's ``EventStorage``), ``completed`` (True once every iteration ran without an error).
+    run's ``EventStorage``), ``completed`` (True once every iteration ran without an error),
+    ``failure`` (the exception that ended the last ``train``, for the hooks' ``after_train``).
     """
 
     def __init__(self):
@@ -60,6 +62,7 @@ class TrainerBase:
         self.max_iter = 0
         self.storage: Optional[EventStorage] = None
         self.completed = False
+        self.failure: Optional[Exception] = None
 
     def register_hooks(self, hooks: Iterable[Optional[HookBase]]) -> None:
         """Append hooks (None entries are skipped); they run in the order given."""
@@ -79,6 +82,7 @@ class TrainerBase:
         self.iter = self.start_iter = start_iter
         self.max_iter = max_iter
         self.completed = False
+        self.failure = None
         with EventStorage(start_iter) as self.storage:
             try:
                 self.before_train()
@@ -88,8 +92,9 @@ class TrainerBase:
                     self.after_step()
                 self.iter = max_iter
                 self.completed = True
-            except Exception:
+            except Exception as e:
                 logger.exception("Exception during training at iteration %d:", self.iter)
+                self.failure = e
                 raise
             finally:
                 self.after_train()
@@ -130,14 +135,26 @@ class SimpleTrainer(TrainerBase):
             ("float16" or "bfloat16") on the model's device type. float16 also gets a
             ``GradScaler``, which scales the loss so small gradients do not flush to zero and
             skips steps whose gradients overflowed.
+        guard: the divergence checks (default: NaN / inf only, no growth bounds).
+        seed: the run's seed (an int >= 0), or None. With a seed, each step's random draws (the
+            model's sampling of anchors and proposals...) come from python / numpy / torch
+            seeded with (seed, rank, iteration), and a data loader whose ``batch_sampler`` is a
+            ``TrainingBatchSampler`` is set to this seed; ``state_dict`` holds it.
 
-    Divergence stops training with a ``FloatingPointError`` that names the iteration and the
-    losses, before anything non-finite reaches the weights: a loss that is NaN or infinite (on
-    any rank: losses are averaged over ranks first, so every rank sees the same values and stops
-    together) stops it before the backward pass; a non-finite gradient (after the all-reduce, so
-    again on every rank) before clipping and the optimizer step, which would write NaN into every
-    weight. The model and optimizer stay as the previous step left them. (With a float16
-    ``GradScaler`` overflowing gradients are expected: the scaler skips those steps itself.)
+    The data stream starts at the batch of the first iteration run: with a
+    ``TrainingBatchSampler``, a trainer whose first step is iteration ``k`` (a resumed run) gets
+    batch ``k``. With the seed too, step ``k`` is then computed from the same inputs, weights,
+    optimizer state and random draws whether the run got there in one go or was resumed.
+
+    Divergence stops training with ``TrainingDiverged`` (a ``FloatingPointError``) that names the
+    iteration and the losses, before anything non-finite reaches the weights: a loss that is NaN
+    or infinite, or a total loss past ``guard``'s bound (on any rank: losses are averaged over
+    ranks first, so every rank sees the same values and stops together), stops it before the
+    backward pass; a non-finite gradient (after the all-reduce, so again on every rank) before
+    clipping and the optimizer step, which would write NaN into every weight. The model and
+    optimizer stay as the previous step left them. (With a float16 ``GradScaler`` overflowing
+    gradients are expected: the scaler skips those steps itself.) ``check_weights`` is the
+    guard's check of the weights, for the checkpointer. See ``detcore.engine.divergence``.
     """
 
     def __init__(
@@ -148,8 +165,14 @@ class SimpleTrainer(TrainerBase):
         grad_clipper: Optional[Callable[[Iterable[torch.Tensor]], None]] = None,
         amp_enabled: bool = False,
         amp_dtype: str = "float16",
+        seed: Optional[int] = None,
+        guard: Optional[DivergenceGuard] = None,
     ):
         super().__init__()
+        if seed is not None and (not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"SimpleTrainer: seed must be an int >= 0 or None, got {seed!r}")
+        self.seed = seed
+        self.guard = guard if guard is not None else DivergenceGuard()
         if amp_dtype not in _AMP_DTYPES:
             raise ValueError(f"SOLVER.AMP.DTYPE must be one of {sorted(_AMP_DTYPES)}, got {amp_dtype!r}")
         self.model = model
@@ -171,17 +194,22 @@ class SimpleTrainer(TrainerBase):
             raise RuntimeError("SimpleTrainer: the model is in eval mode; call model.train() before training")
         start = time.perf_counter()
         if self._data_loader_iter is None:
-            self._data_loader_iter = iter(self.data_loader)
+            self._data_loader_iter = iter(self._start_data_stream())
         data = next(self._data_loader_iter)
         data_time = time.perf_counter() - start
+        self.guard.start(comm.unwrap_model(self.model))
+        if self.seed is not None:
+            # After loading: whatever ran since the last step (loader start, evaluation, hooks)
+            # does not change this step's draws.
+            rng.seed_global_rngs(self.seed, rng.STEP, comm.get_rank(), self.iter)
 
         try:
             with torch.autocast(device_type=self.device_type, dtype=self.amp_dtype, enabled=self.amp_enabled):
                 loss_dict = self.model(data)
         except FloatingPointError as e:  # a part of the model saw non-finite values (e.g. the RPN)
-            raise FloatingPointError(
-                f"Training diverged at iteration={self.iter}: {e}. Stopped before the backward pass; the last "
-                "checkpoint written is the last good state."
+            raise TrainingDiverged(
+                f"Training diverged at iteration={self.iter}: {e}. Stopped before the backward pass. {HOW_TO_GO_ON}.",
+                self.iter - 1,
             ) from e
         if isinstance(loss_dict, torch.Tensor):
             loss_dict = {"total_loss": loss_dict}
@@ -195,7 +223,7 @@ class SimpleTrainer(TrainerBase):
         # Averaged over ranks: logged values describe the whole batch, and every rank reaches the
         # same verdict in the finiteness check below.
         reduced = {k: float(v) for k, v in comm.reduce_dict({k: v.detach() for k, v in loss_dict.items()}).items()}
-        self._check_finite(reduced)
+        self.guard.check_losses(self.iter, reduced)
 
         self.optimizer.zero_grad(set_to_none=True)
         if self.grad_scaler is not None:
@@ -207,7 +235,7 @@ class SimpleTrainer(TrainerBase):
             self.grad_scaler.update()
         else:
             losses.backward()
-            self._check_finite_gradients(reduced)
+            self.guard.check_gradients(self.iter, reduced, self._params(), comm.unwrap_model(self.model))
             if self.grad_clipper is not None:
                 self.grad_clipper(self._params())
             self.optimizer.step()
@@ -217,36 +245,38 @@ class SimpleTrainer(TrainerBase):
         storage.put_scalars(**reduced)
         storage.put_scalar("data_time", data_time)
 
+    def _start_data_stream(self) -> Iterable:
+        batches = getattr(self.data_loader, "batch_sampler", None)
+        if isinstance(batches, TrainingBatchSampler):
+            if self.seed is not None:
+                batches.seed = self.seed
+            batches.start_at(self.iter)
+            if self.iter > 0:
+                logger.info("The training stream continues at batch %d (the earlier ones are skipped unread)", self.iter)
+        elif self.iter > 0:
+            logger.warning(
+                "Starting at iteration %d with a data loader that cannot start at a given batch (its batch_sampler is "
+                "not a TrainingBatchSampler): the data stream starts from its beginning, so this run will not match an "
+                "uninterrupted one", self.iter,
+            )
+        return self.data_loader
+
+    def check_weights(self) -> None:
+        """Raise ``TrainingDiverged`` when the weights after this iteration must not be saved."""
+        self.guard.check_weights(self.iter, comm.unwrap_model(self.model))
+
+    def state_dict(self) -> dict:
+        """What a checkpoint needs to continue this trainer: the seed of its random streams and
+        the divergence guard's references."""
+        return {"seed": self.seed, "guard": self.guard.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("seed") is not None:
+            self.seed = int(state["seed"])
+        self.guard.load_state_dict(state.get("guard", {}))
+
     def _params(self) -> List[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
-
-    def _check_finite_gradients(self, losses: dict) -> None:
-        params = self._params()
-        if not params:
-            return
-        # A NaN or inf anywhere makes its tensor's sum non-finite. One reduction per tensor and
-        # one sync: ~2 ms for a ResNet-18 Mask R-CNN on 2 CPU cores, where a max-abs norm took ~19.
-        # (A finite sum overflows only past 3e38, far beyond any gradient training survives.)
-        sums = torch.stack([p.grad.sum(dtype=torch.float32) for p in params])
-        if bool(torch.isfinite(sums).all()):
-            return
-        names = {id(p): n for n, p in comm.unwrap_model(self.model).named_parameters()}
-        bad = [names.get(id(p), "?") for p in params if not bool(torch.isfinite(p.grad).all())]
-        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        described = ", ".join(f"{k}={v:.4g}" for k, v in sorted(losses.items()))
-        raise FloatingPointError(
-            f"Gradients became infinite or NaN at iteration={self.iter} (losses: {described}) in {shown}. "
-            "Training stopped before the optimizer step; the weights and the last checkpoint are the last good state."
-        )
-
-    def _check_finite(self, losses: dict) -> None:
-        bad = {k: v for k, v in losses.items() if not math.isfinite(v)}
-        if bad:
-            described = ", ".join(f"{k}={v}" for k, v in sorted(bad.items()))
-            raise FloatingPointError(
-                f"Loss became infinite or NaN at iteration={self.iter}: {described}. Training stopped "
-                f"before the backward pass; the last checkpoint written is the last good state."
-            )
 
 
 def _device_type(model: nn.Module) -> str:

@@ -11,21 +11,30 @@ TEST.PRECISION bfloat16 exports the graph autocast makes: bfloat16 convolutions 
 products, float32 where the model keeps float32, the weights stored in float32 and cast in the
 graph (as autocast does in every eager call), float32 outputs. ExportedProgram and TorchScript
 hold it; ONNX is refused (onnxruntime cannot load a bfloat16 Conv).
+
+Every format refuses the inputs the graph cannot serve (wrong dtype or shape, an image below the
+smallest side), each as far as it can: see input_checks.py. What export_model refuses before
+tracing: TEST.AUG.ENABLED (the graph runs the model once; test-time augmentation resizes to several
+scales, which the graph leaves to the caller), a folder that already holds an export (unless
+``overwrite``), and a folder it cannot write to.
 """
+import errno
 import os
 import platform
-from typing import Dict, Optional
+import tempfile
+from typing import Dict, Optional, Sequence
 
 import torch
 
 import detcore
 from detcore.utils import strict_json
 
+from .input_checks import add_onnx_input_checks, input_contracts
 from .onnx_ops import OPSET, onnx_translation_table, split_roi_pool
 from .torchscript import script_exported_program
 from .wrapper import ExportableDetector
 
-__all__ = ["FORMATS", "export_model", "trace_detector"]
+__all__ = ["FORMATS", "check_export_request", "export_model", "program_to_onnx", "trace_detector"]
 
 FORMATS = ("torchscript", "exported_program", "onnx")
 _HOW_TO_LOAD = {
@@ -34,6 +43,14 @@ _HOW_TO_LOAD = {
     "onnx": "onnxruntime.InferenceSession(file): standard ONNX ops only, no detcore needed",
 }
 _FILE_NAMES = {"torchscript": "model.ts", "exported_program": "model.pt2", "onnx": "model.onnx"}
+# How each format refuses an input outside the rule (dtype, shape, smallest side): input_checks.py.
+_INPUT_CHECKS = {
+    "torchscript": "in the graph: a ValueError saying what it takes",
+    "exported_program": "by torch before the graph runs (torch's messages: 'Tensor dtype mismatch', "
+    "'Guard failed: image.size()[1] >= min_side')",
+    "onnx": "dtype, rank and channels by onnxruntime; sizes in the graph: the run fails at the node "
+    "named 'input check: ...'",
+}
 
 
 def _example_image(cfg, input_layout: str, min_side: int) -> torch.Tensor:
@@ -43,11 +60,6 @@ def _example_image(cfg, input_layout: str, min_side: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(0)
     image = torch.randint(0, 256, (3, side, side * 4 // 3), generator=generator, dtype=torch.uint8)
     return image.permute(1, 2, 0).contiguous() if input_layout == "HWC" else image
-
-
-def _expected_shape(detector: ExportableDetector) -> str:
-    image = "[H, W, 3]" if detector.input_layout == "HWC" else "[3, H, W]"
-    return image if detector.batch_size is None else f"[{detector.batch_size}, {image[1:]}"
 
 
 def trace_detector(detector: ExportableDetector, image: torch.Tensor) -> torch.export.ExportedProgram:
@@ -66,9 +78,93 @@ def trace_detector(detector: ExportableDetector, image: torch.Tensor) -> torch.e
     return program
 
 
+def program_to_onnx(program: torch.export.ExportedProgram, args: tuple, output_names: Optional[Sequence[str]] = None):
+    """The ExportedProgram as a ``torch.onnx.ONNXProgram`` (``.save(path)`` writes it): detcore's
+    ops in standard ONNX, inputs named as the program names them, and the program's input rule
+    checked in the graph (a run with an image below the smallest side fails; input_checks.py)."""
+    onnx_program = torch.onnx.export(
+        split_roi_pool(program), args, dynamo=True, opset_version=OPSET,
+        custom_translation_table=onnx_translation_table(), input_names=list(program.graph_signature.user_inputs),
+        output_names=list(output_names) if output_names is not None else None, verbose=False,
+    )
+    add_onnx_input_checks(onnx_program.model, input_contracts(program))
+    return onnx_program
+
+
+def _existing_export(output_dir: str, fmt: str) -> list:
+    """The files of an export that writing ``fmt`` into ``output_dir`` would replace."""
+    names = (_FILE_NAMES[fmt], "export.json")
+    return [name for name in names if os.path.lexists(os.path.join(output_dir, name))]
+
+
+def _prepare_output_dir(output_dir: str, fmt: str, overwrite: bool) -> None:
+    """Refuse, before anything is traced, a folder holding an export (unless ``overwrite``) and one
+    that cannot be written to; create it if missing."""
+    folder = output_dir or "."
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise NotADirectoryError(f"export_model: the output {output_dir!r} exists and is not a folder")
+    existing = _existing_export(folder, fmt) if os.path.isdir(folder) else []
+    if existing and not overwrite:
+        raise FileExistsError(
+            f"export_model: {output_dir!r} already holds an export ({', '.join(existing)}); nothing was changed. "
+            "Choose another folder, or replace it with overwrite=True (tools/export_model.py: --overwrite)"
+        )
+    try:
+        os.makedirs(folder, exist_ok=True)
+        # Whether a file can be made there, rather than the permission bits: root, ACLs,
+        # read-only mounts.
+        probe, probe_path = tempfile.mkstemp(dir=folder, prefix=".export_model_probe.")
+        os.close(probe)
+        os.unlink(probe_path)
+    except OSError as e:
+        denied = isinstance(e, PermissionError) or e.errno == errno.EROFS
+        raise (PermissionError if denied else OSError)(
+            f"export_model: cannot write into the output folder {output_dir!r} ({e.strerror or e}); "
+            "choose a folder you can write to"
+        ) from e
+
+
+def _write_atomically(path: str, write) -> None:
+    """``write(temporary_path)``, then the file renamed to ``path``: whole or not at all. The
+    temporary name keeps the extension (torch.export.save expects .pt2)."""
+    folder, name = os.path.split(path)
+    temporary = os.path.join(folder, ".partial." + name)
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+
+
+def check_export_request(cfg, fmt: str, output_dir: str, overwrite: bool = False) -> None:
+    """What ``export_model`` refuses before tracing, checked on its own (tools/export_model.py
+    calls it before building the model): the format, a precision or TEST.AUG setting the graph
+    cannot hold, a folder that already holds an export (unless ``overwrite``) or cannot be written
+    to. Creates ``output_dir`` if missing."""
+    if fmt not in FORMATS:
+        raise ValueError(f"export_model: format must be one of {FORMATS}, got {fmt!r}")
+    if fmt == "onnx" and cfg.TEST.PRECISION != "float32":
+        # Measured: the graph converts, but onnxruntime refuses to load it (its CPU provider has
+        # no bfloat16 Conv; the standard's Conv takes none before opset 22, detcore writes OPSET).
+        raise ValueError(
+            f"export_model: ONNX in TEST.PRECISION {cfg.TEST.PRECISION} is not supported: onnxruntime has no "
+            "bfloat16 Conv, so it cannot load such a model. Export ONNX with TEST.PRECISION float32, or use "
+            "--format exported_program / torchscript, which keep the bfloat16 graph."
+        )
+    if cfg.TEST.AUG.ENABLED:
+        raise ValueError(
+            "export_model: TEST.AUG.ENABLED is True, but an exported graph runs the model once, without test-time "
+            "augmentation (TTA resizes each image to several scales and flips, which a graph taking one image of "
+            "the caller's size cannot hold). Export with TEST.AUG.ENABLED False, or run TTA in Python "
+            "(detcore.engine.Predictor, tools/test_net.py)"
+        )
+    _prepare_output_dir(output_dir, fmt, overwrite)
+
+
 def export_model(
     cfg, model, fmt: str, output_dir: str, sample_image: Optional[torch.Tensor] = None,
-    input_layout: str = "CHW", class_names=None, batch_size: Optional[int] = None,
+    input_layout: str = "CHW", class_names=None, batch_size: Optional[int] = None, overwrite: bool = False,
 ) -> Dict[str, str]:
     """Writes ``output_dir/model.ts``, ``model.pt2`` or ``model.onnx`` and ``output_dir/export.json``.
 
@@ -81,56 +177,39 @@ def export_model(
         class_names: names of the classes, by class id (for the JSON).
         batch_size: None for a graph taking one image; B for one taking B equally sized images
             at once (the sample image is repeated to trace it).
+        overwrite: replace the model file and export.json of an earlier export in ``output_dir``
+            (refused otherwise); other files there are left as they are.
 
     Returns:
         ``{"model": path, "metadata": path}``.
     """
-    if fmt not in FORMATS:
-        raise ValueError(f"export_model: format must be one of {FORMATS}, got {fmt!r}")
-    if fmt == "onnx" and cfg.TEST.PRECISION != "float32":
-        # Measured: the graph converts, but onnxruntime refuses to load it (its CPU provider has
-        # no bfloat16 Conv; the standard's Conv takes none before opset 22, detcore writes OPSET).
-        raise ValueError(
-            f"export_model: ONNX in TEST.PRECISION {cfg.TEST.PRECISION} is not supported: onnxruntime has no "
-            "bfloat16 Conv, so it cannot load such a model. Export ONNX with TEST.PRECISION float32, or use "
-            "--format exported_program / torchscript, which keep the bfloat16 graph."
-        )
     detector = ExportableDetector(model, input_layout, batch_size, cfg.TEST.PRECISION)
     image = sample_image if sample_image is not None else _example_image(cfg, input_layout, detector.min_side)
-    expected_channels_axis = -1 if input_layout == "HWC" else 0
-    if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[expected_channels_axis] != 3:
-        raise ValueError(
-            f"export_model: sample_image must be a uint8 {input_layout} image with 3 channels, got "
-            f"{image.dtype} of shape {tuple(image.shape)}"
-        )
-    spatial = image.shape[:2] if input_layout == "HWC" else image.shape[1:]
-    if min(spatial) < detector.min_side:
-        raise ValueError(
-            f"export_model: sample_image is {spatial[0]} x {spatial[1]} px; this model's graph needs images of at "
-            f"least {detector.min_side} px on each side (its coarsest feature map must be 2 x 2 or larger)"
-        )
     if batch_size is not None:
         image = image.unsqueeze(0).repeat(batch_size, *([1] * image.dim()))
-    os.makedirs(output_dir, exist_ok=True)
+    try:
+        detector.check_input(image)
+    except (ValueError, RuntimeError) as e:  # torch._check raises RuntimeError
+        raise ValueError(f"export_model: sample_image does not fit the graph: {e}") from None
+    check_export_request(cfg, fmt, output_dir, overwrite)
     program = trace_detector(detector, image.to(detector.model.device))
     path = os.path.join(output_dir, _FILE_NAMES[fmt])
-    temporary = path + ".tmp"
     if fmt == "exported_program":
-        torch.export.save(program, temporary)
+        _write_atomically(path, lambda temporary: torch.export.save(program, temporary))
     elif fmt == "torchscript":
-        torch.jit.save(script_exported_program(program), temporary)
+        scripted = script_exported_program(program)
+        _write_atomically(path, lambda temporary: torch.jit.save(scripted, temporary))
     else:
-        onnx_program = torch.onnx.export(
-            split_roi_pool(program), (image,), dynamo=True, opset_version=OPSET,
-            custom_translation_table=onnx_translation_table(), input_names=["image"],
-            output_names=list(detector.output_names), verbose=False,
-        )
-        onnx_program.save(temporary)
-    os.replace(temporary, path)  # whole or not at all
+        onnx_program = program_to_onnx(program, (image,), detector.output_names)
+        _write_atomically(path, onnx_program.save)
     metadata_path = os.path.join(output_dir, "export.json")
-    with open(metadata_path + ".tmp", "w") as f:
-        f.write(strict_json.dumps(_metadata(cfg, detector, fmt, os.path.basename(path), class_names), indent=2))
-    os.replace(metadata_path + ".tmp", metadata_path)
+    text = strict_json.dumps(_metadata(cfg, detector, fmt, os.path.basename(path), class_names), indent=2)
+
+    def write_metadata(temporary):
+        with open(temporary, "w") as f:
+            f.write(text)
+
+    _write_atomically(metadata_path, write_metadata)
     return {"model": path, "metadata": metadata_path}
 
 
@@ -150,10 +229,12 @@ def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class
             "name": "image",
             "dtype": "uint8",
             "layout": detector.input_layout,
-            "shape": _expected_shape(detector),
+            "shape": detector.input_shape,
             "channel_order": cfg.INPUT.FORMAT,
             "size": f"any height and width of at least {detector.min_side} px",
             "min_side": detector.min_side,
+            "max_side": None,
+            "checked": _INPUT_CHECKS[fmt],
             "resize_before": (
                 f"shortest edge to {min_size}, longest at most {max_size} (detcore.export.resize_for_model); "
                 "boxes come out in the pixels of the image given" if min_size > 0 else "none"

@@ -10,8 +10,9 @@ symbolic; this module prints that graph as TorchScript:
   picks the overload from the argument types, as it did when the graph was traced);
 * the symbolic-integer helpers (``torch.sym_min`` ...) become their Python builtins;
 * parameters, buffers and constants go onto one flat module;
-* the input guards torch.export runs in Python (dtype, fixed sizes) become one TorchScript check
-  of each input at the graph's start, with a sentence for the user.
+* the input checks torch.export runs in Python (dtype, fixed sizes, the bounds of the symbolic
+  sizes: the smallest image) become one TorchScript check of each input at the graph's start, with
+  a sentence for the user (input_checks.py).
 
 The result is a ``torch.jit.ScriptModule`` that ``torch.jit.save`` writes and ``torch.jit.load``
 reads in Python or C++ (where detcore's ops come from loading detcore's ``_C`` library).
@@ -23,6 +24,8 @@ from typing import List
 
 import torch
 from torch import Tensor, fx
+
+from .input_checks import input_contracts
 
 __all__ = ["script_exported_program"]
 
@@ -66,40 +69,41 @@ def script_exported_program(program: torch.export.ExportedProgram) -> torch.jit.
         elif node.op == "output":
             # A tuple, whatever container the program's output spec flattened.
             node.args = (tuple(node.args[0]),) if isinstance(node.args[0], (list, tuple)) else node.args
-    _check_inputs_first(graph)
+    _check_inputs_first(program, graph)
     graph._codegen = fx.graph.CodeGen()  # positional inputs, no pytree (un)flattening
     scriptable = fx.GraphModule(root, graph)
     scriptable.graph.lint()
     return torch.jit.script(scriptable)
 
 
-def _check_input(value: Tensor, name: str, dtype: torch.dtype, dtype_name: str, sizes: List[int], shape: str):
-    """``sizes``: -1 where the graph takes any size. (Compiled by TorchScript with the graph.)"""
+def _check_input(value: Tensor, dtype: torch.dtype, lows: List[int], highs: List[int], description: str):
+    """The program's contract for one input (input_checks.py): ``highs`` is -1 where a size has no
+    upper bound. (Compiled by TorchScript with the graph.)"""
     if value.dtype != dtype:
-        # TorchScript prints a dtype as its enum number only: name the expected one.
-        raise ValueError(
-            "the exported detector takes {} as a {} tensor of shape {}, got another dtype".format(name, dtype_name, shape)
-        )
-    fits = value.dim() == len(sizes)
+        # TorchScript prints a dtype as its enum number only: the description names the expected one.
+        raise ValueError("{}, got another dtype".format(description))
+    fits = value.dim() == len(lows)
     if fits:
-        for axis, size in enumerate(sizes):
-            if size >= 0 and value.shape[axis] != size:
+        for axis, low in enumerate(lows):
+            if value.shape[axis] < low or (highs[axis] >= 0 and value.shape[axis] > highs[axis]):
                 fits = False
     if not fits:
-        raise ValueError(
-            "the exported detector takes {} as a {} tensor of shape {}, got shape {}".format(name, dtype_name, shape, value.shape)
-        )
+        raise ValueError("{}, got shape {}".format(description, value.shape))
 
 
-def _check_inputs_first(graph: fx.Graph) -> None:
+def _check_inputs_first(program: torch.export.ExportedProgram, graph: fx.Graph) -> None:
+    # The module's placeholders are the program's user inputs, in order.
     placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    contracts = input_contracts(program)
+    if len(placeholders) != len(contracts):
+        raise NotImplementedError(
+            f"script_exported_program: the graph takes {len(placeholders)} inputs, the program {len(contracts)}"
+        )
     with graph.inserting_after(placeholders[-1]):
-        for node in reversed(placeholders):
-            example = node.meta["val"]
-            sizes = [size if isinstance(size, int) else -1 for size in example.shape]
-            shape = "[" + ", ".join(str(size) if size >= 0 else "*" for size in sizes) + "]"
-            dtype_name = str(example.dtype).replace("torch.", "")
-            graph.call_function(_check_input, (node, node.name, example.dtype, dtype_name, sizes, shape))
+        for node, contract in reversed(list(zip(placeholders, contracts))):
+            lows = [low for low, _ in contract.bounds]
+            highs = [-1 if high is None else high for _, high in contract.bounds]
+            graph.call_function(_check_input, (node, contract.dtype, lows, highs, contract.describe()))
 
 
 def _move_attribute(module: torch.nn.Module, target: str, root: torch.nn.Module) -> str:

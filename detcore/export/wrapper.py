@@ -17,7 +17,9 @@ A ProposalNetwork (RPN-only) gives its proposals instead: ``boxes`` float32 ``[N
 Images must be larger than the backbone's coarsest stride on each side (65 px for the R-CNNs'
 P6, 129 px for RetinaNet's P7), so that every feature map is at least 2 x 2: torch chooses conv
 and norm kernels by whether a side is 1, so a graph traced with larger maps would not serve a 1-px
-map. ``min_side`` says the bound; the graph refuses smaller images.
+map. ``min_side`` says the bound. There is no largest size: no op of the graph has a limit an
+image reaches before memory runs out. ``check_input`` states the whole rule (dtype, shape,
+smallest side) once; every exported format refuses what it refuses (input_checks.py).
 
 Normalization and padding are in the graph; resizing is not: torch.export cannot keep a resize
 whose output size depends on the input's through a min/max rule as one graph for every size, so
@@ -75,17 +77,38 @@ class ExportableDetector(nn.Module):
         self.keypoint_on = bool(getattr(roi_heads, "keypoint_on", False))
         self.min_side = max(shape.stride for shape in model.backbone.output_shape().values()) + 1
 
-    def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
-        images = [image] if self.batch_size is None else [image[i] for i in range(self.batch_size)]
-        if self.input_layout == "HWC":
-            images = [x.permute(2, 0, 1) for x in images]
-        height, width = images[0].shape[-2:]
+    @property
+    def input_shape(self) -> str:
+        """The input's shape, as export.json and the error messages write it: ``[3, H, W]``,
+        ``[H, W, 3]``, or with a leading ``B`` for a batch graph."""
+        image = "[H, W, 3]" if self.input_layout == "HWC" else "[3, H, W]"
+        return image if self.batch_size is None else f"[{self.batch_size}, {image[1:]}"
+
+    def check_input(self, image: Tensor) -> None:
+        """The input rule, stated once: uint8, the layout's shape (3 channels; B images for a batch
+        graph), height and width of at least ``min_side``. torch.export keeps it in the program, as
+        the input's dtype and fixed sizes and as the smallest value of its symbolic height and width;
+        the TorchScript and ONNX forms apply the program's rule (input_checks.py)."""
+        shape = tuple(image.shape)
+        image_shape = shape if self.batch_size is None else shape[1:]
+        fits = len(image_shape) == 3 and (self.batch_size is None or shape[0] == self.batch_size)
+        if image.dtype != torch.uint8 or not fits or image_shape[-1 if self.input_layout == "HWC" else 0] != 3:
+            raise ValueError(
+                f"ExportableDetector: takes a uint8 image of shape {self.input_shape}, got {image.dtype} of shape {shape}"
+            )
+        height, width = image_shape[:2] if self.input_layout == "HWC" else image_shape[1:]
         # In the exported graph, a bound on the input's size ("Guard failed: ... >= min_side").
         torch._check(
             (height >= self.min_side) & (width >= self.min_side),
             lambda: f"ExportableDetector: images must be at least {self.min_side} px on each side (the coarsest "
             f"feature map must be 2 x 2 or larger), got {height} x {width}",
         )
+
+    def forward(self, image: Tensor) -> Tuple[Tensor, ...]:
+        self.check_input(image)
+        images = [image] if self.batch_size is None else [image[i] for i in range(self.batch_size)]
+        if self.input_layout == "HWC":
+            images = [x.permute(2, 0, 1) for x in images]
         with inference_autocast(self.precision, self.model.device):
             results = self.model.inference([{"image": x} for x in images], do_postprocess=False)
         per_image = [self._outputs(result) for result in results]

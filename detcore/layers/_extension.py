@@ -1,4 +1,6 @@
 """Loads detcore._C (which registers torch.ops.detcore.*) and gives a clear error if it can't.
+``import detcore`` imports this module, so the ops exist in any program that imports detcore; a
+missing or unusable _C fails nothing here, only the first op call (``ensure_loaded``).
 
 Also registers the ops' fake (meta) kernels, which let torch.compile and other tracers reason
 about output shapes without running the kernels.
@@ -74,42 +76,59 @@ def cuda_kernels_built():
     return _loaded and torch.ops.detcore._cuda_version() > 0
 
 
+def _fake(op: str):
+    """``torch.library.register_fake(op)``; a _C built from older sources that lacks ``op`` makes
+    the extension count as not loaded (the first op call says to rebuild) rather than failing
+    ``import detcore``, which loads this module."""
+
+    def register(kernel):
+        global _loaded, _load_error
+        try:
+            torch.library.register_fake(op)(kernel)
+        except RuntimeError as e:  # "operator detcore::... does not exist"
+            _loaded = False
+            _load_error = ImportError(f"detcore._C lacks the op {op}: it was built from older sources ({e})")
+        return kernel
+
+    return register
+
+
 if _loaded:
 
-    @torch.library.register_fake("detcore::nms")
+    @_fake("detcore::nms")
     def _nms_fake(boxes, scores, iou_threshold):
         torch._check(boxes.dim() == 2 and boxes.size(1) == 4, lambda: "nms: boxes must be [N, 4]")
         torch._check(scores.dim() == 1, lambda: "nms: scores must be [N]")
         kept = torch.library.get_ctx().new_dynamic_size()
         return boxes.new_empty((kept,), dtype=torch.int64)
 
-    @torch.library.register_fake("detcore::batched_nms")
+    @_fake("detcore::batched_nms")
     def _batched_nms_fake(boxes, scores, idxs, iou_threshold):
         torch._check(boxes.dim() == 2 and boxes.size(1) == 4, lambda: "batched_nms: boxes must be [N, 4]")
         kept = torch.library.get_ctx().new_dynamic_size()
         return boxes.new_empty((kept,), dtype=torch.int64)
 
-    @torch.library.register_fake("detcore::roi_align")
+    @_fake("detcore::roi_align")
     def _roi_align_fake(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
         torch._check(input.dim() == 4, lambda: "roi_align: input must be [N, C, H, W]")
         torch._check(rois.dim() == 2 and rois.size(1) == 5, lambda: "roi_align: rois must be [K, 5]")
         return input.new_empty((rois.size(0), input.size(1), pooled_height, pooled_width))
 
-    @torch.library.register_fake("detcore::_roi_align_backward")
+    @_fake("detcore::_roi_align_backward")
     def _roi_align_backward_fake(
         grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
         sampling_ratio, aligned,
     ):
         return grad.new_empty((batch_size, channels, height, width))
 
-    @torch.library.register_fake("detcore::roi_pool")
+    @_fake("detcore::roi_pool")
     def _roi_pool_fake(input, rois, spatial_scale, pooled_height, pooled_width):
         torch._check(input.dim() == 4, lambda: "roi_pool: input must be [N, C, H, W]")
         torch._check(rois.dim() == 2 and rois.size(1) == 5, lambda: "roi_pool: rois must be [K, 5]")
         shape = (rois.size(0), input.size(1), pooled_height, pooled_width)
         return input.new_empty(shape), input.new_empty(shape, dtype=torch.int32)
 
-    @torch.library.register_fake("detcore::_roi_pool_backward")
+    @_fake("detcore::_roi_pool_backward")
     def _roi_pool_backward_fake(
         grad, rois, argmax, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
     ):
@@ -120,7 +139,7 @@ if _loaded:
         out_w = (input.size(3) + 2 * pad_w - (dilation_w * (weight.size(3) - 1) + 1)) // stride_w + 1
         return out_h, out_w
 
-    @torch.library.register_fake("detcore::deform_conv2d")
+    @_fake("detcore::deform_conv2d")
     def _deform_conv2d_fake(
         input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w,
         groups, offset_groups,
@@ -132,7 +151,7 @@ if _loaded:
         )
         return input.new_empty((input.size(0), weight.size(0), out_h, out_w))
 
-    @torch.library.register_fake("detcore::_deform_conv2d_backward")
+    @_fake("detcore::_deform_conv2d_backward")
     def _deform_conv2d_backward_fake(
         grad, input, weight, offset, mask, bias, stride_h, stride_w, pad_h, pad_w, dilation_h,
         dilation_w, groups, offset_groups,
@@ -146,14 +165,14 @@ if _loaded:
             input.new_empty((weight.size(0),)),
         )
 
-    @torch.library.register_fake("detcore::sigmoid_focal_loss")
+    @_fake("detcore::sigmoid_focal_loss")
     def _sigmoid_focal_loss_fake(inputs, targets, alpha, gamma, reduction):
         torch._check(
             inputs.shape == targets.shape, lambda: "sigmoid_focal_loss: targets must have the shape of inputs"
         )
         return inputs.new_empty(inputs.shape if reduction == "none" else ())
 
-    @torch.library.register_fake("detcore::_sigmoid_focal_loss_backward")
+    @_fake("detcore::_sigmoid_focal_loss_backward")
     def _sigmoid_focal_loss_backward_fake(grad, inputs, targets, alpha, gamma, reduction, targets_grad):
         grad_targets = inputs.new_empty(inputs.shape if targets_grad else (0,))
         return inputs.new_empty(inputs.shape), grad_targets

@@ -38,6 +38,11 @@ def deform_conv2d(
         mask: optional Tensor[N, offset_groups * kh * kw, out_h, out_w] of modulation scalars.
 
     Samples outside the map read as zero. Returns Tensor[N, out_channels, out_h, out_w].
+
+    At a sampling point on an integer coordinate (where the bilinear blend has a kink) the offset
+    gradient is the right derivative, as torchvision's, also at the border: a tap exactly at -1
+    (zero offsets over the padding: a freshly initialised offset conv) gets the slope towards the
+    map, where mmcv gives 0; a tap at H or W gets 0.
     """
     if not torch.jit.is_scripting():  # TorchScript cannot read the loader's state
         ensure_loaded()
@@ -50,7 +55,8 @@ def deform_conv2d(
         )
     if offset.dim() != 4:
         raise OpArgumentError(
-            "deform_conv2d: offset must have shape [N, 2 * offset_groups * kh * kw, out_h, out_w], got "
+            "deform_conv2d: the shape of the offset is not valid: offset must have shape "
+            "[N, 2 * offset_groups * kh * kw, out_h, out_w], got "
             + str(offset.shape)
         )
     stride_h, stride_w = _pair(stride)
@@ -65,7 +71,8 @@ def deform_conv2d(
     groups = input.shape[1] // weight.shape[1]
     if offset_groups == 0:
         raise OpArgumentError(
-            "deform_conv2d: offset.shape[1] must be a positive multiple of 2 * kh * kw = "
+            "deform_conv2d: the shape of the offset is not valid: offset.shape[1] must be a positive "
+            "multiple of 2 * kh * kw = "
             + str(2 * kernel_h * kernel_w) + ", got " + str(offset.shape[1])
         )
     return torch.ops.detcore.deform_conv2d(

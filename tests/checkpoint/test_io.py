@@ -103,5 +103,12 @@ def test_unreadable_and_missing_files(tmp_path):
         read_checkpoint(tmp_path / "nope.pkl")
     empty = tmp_path / "list.pkl"
     empty.write_bytes(pickle.dumps([1, 2, 3]))
-    with pytest.raises((ValueError, pickle.UnpicklingError)):
+    with pytest.raises(ValueError, match=rf"^{empty}: a checkpoint must hold a dict of tensors, got list"):
         read_checkpoint(empty)
+
+
+def test_a_torch_file_holding_a_list_is_named(tmp_path):
+    path = tmp_path / "weights.pth"
+    torch.save([torch.zeros(2), torch.ones(3)], path)
+    with pytest.raises(ValueError, match=rf"^{path}: a checkpoint must hold a dict of tensors, got list"):
+        read_checkpoint(path)

@@ -186,6 +186,14 @@ def test_nothing_fits_is_an_error():
         convert_state_dict({"backbone.bottom_up.stem.bn1.weight": torch.zeros(5)}, small_model())
 
 
+def test_a_file_of_unrelated_tensors_is_named(tmp_path):
+    """Its format cannot be told: the error says which file (it is what the user gave as MODEL.WEIGHTS)."""
+    path = tmp_path / "unrelated.pth"
+    torch.save({"foo": torch.zeros(3), "bar": torch.ones(2, 2)}, path)
+    with pytest.raises(ValueError, match=rf"^{path}: cannot tell the checkpoint format: no known layout fits its 2 keys"):
+        load_converted_state_dict(path, small_model())
+
+
 def test_report_table_groups_a_modules_keys():
     report = LoadReport(source="x.pth", format="torchvision-detection")
     for leaf in ("weight", "bias", "running_mean", "running_var"):

@@ -126,6 +126,51 @@ def test_batch_is_split_across_ranks(tiny_shapes, monkeypatch):
         build_detection_train_loader(cfg)
 
 
+def _stream(cfg, start, n):
+    loader = build_detection_train_loader(cfg)
+    loader.batch_sampler.start_at(start)
+    return _take(loader, n)
+
+
+def _assert_same_batches(a, b):
+    assert len(a) == len(b)
+    for batch_a, batch_b in zip(a, b):
+        assert [d["image_id"] for d in batch_a] == [d["image_id"] for d in batch_b]
+        for da, db in zip(batch_a, batch_b):
+            assert torch.equal(da["image"], db["image"])
+            assert torch.equal(da["instances"].gt_boxes.tensor, db["instances"].gt_boxes.tensor)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 4 worker processes")
+def test_batch_k_is_the_same_from_any_start_and_with_any_worker_count(tiny_shapes):
+    # What a resumed run relies on: the loader started at batch k gives the images and the
+    # augmentations (a random short side of two, a random flip, a random brightness) that an
+    # uninterrupted loader gives at batch k, whether loading happens in the main process or in
+    # 1 or 4 workers (each augmentation draws from the stream of the image's position).
+    cfg = tiny_cfg(tiny_shapes)
+    cfg.INPUT.COLOR_JITTER.BRIGHTNESS = 0.3
+    whole = _stream(cfg, 0, 8)
+    assert {min(d["image"].shape[1:]) for b in whole for d in b} == {64, 80}  # the draws do vary
+    for workers in (0, 1, 4):
+        cfg.DATALOADER.NUM_WORKERS = workers
+        _assert_same_batches(_stream(cfg, 5, 3), whole[5:8])
+    _assert_same_batches(_stream(cfg, 0, 8), whole)  # 4 workers from the start too
+
+
+def test_loading_in_the_main_process_leaves_its_random_state_alone(tiny_shapes):
+    import random
+
+    import numpy as np
+
+    loader = iter(build_detection_train_loader(tiny_cfg(tiny_shapes)))
+    before = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    next(loader)
+    after = np.random.get_state()
+    assert random.getstate() == before[0]
+    assert (after[1] == before[1][1]).all() and after[2:] == before[1][2:]  # the key and the position in it
+    assert torch.equal(torch.get_rng_state(), before[2])
+
+
 def test_test_loader_yields_every_image_once(tiny_shapes):
     loader = build_detection_test_loader(tiny_cfg(tiny_shapes), tiny_shapes)
     batches = list(loader)

@@ -4,7 +4,14 @@ import os
 
 import pytest
 
-from detcore.data.samplers import GroupedBatchSampler, InferenceSampler, TrainingSampler, aspect_ratio_group_ids
+from detcore.data.samplers import (
+    GroupedBatchSampler,
+    InferenceSampler,
+    StreamItem,
+    TrainingBatchSampler,
+    TrainingSampler,
+    aspect_ratio_group_ids,
+)
 
 
 def take(iterable, n):
@@ -69,6 +76,55 @@ def test_grouped_batches_keep_sampler_order_within_group():
     groups = [0, 1, 0, 1, 0, 1]
     batches = list(GroupedBatchSampler(iter(range(6)), groups, 2))
     assert batches == [[0, 2], [1, 3]]  # 4 and 5 wait for a partner that never comes
+
+
+def test_stream_items_are_the_sampler_indices_with_their_place_in_the_stream():
+    for world in (1, 3):
+        for rank in range(world):
+            sampler = TrainingSampler(7, seed=5, rank=rank, world_size=world)
+            items = take(sampler.items(), 20)
+            assert [item.index for item in items] == take(iter(sampler), 20)
+            # Positions count the stream of all ranks: this rank's share, unique, whatever the world.
+            assert [item.position for item in items] == list(range(rank, rank + 20 * world, world))
+            assert all(item.seed == 5 for item in items)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_batch_stream_started_at_k_is_the_uninterrupted_stream_from_batch_k(grouped):
+    # Batch k does not depend on where the stream started: a resumed run gets the batches an
+    # uninterrupted one would have got. With grouping, the leftovers waiting in the buckets at
+    # batch k depend on every batch before it: they are replayed, not restarted.
+    groups = [0, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1] if grouped else None
+    whole = take(TrainingBatchSampler(TrainingSampler(11, seed=2), 3, groups), 40)
+    assert all(len(b) == 3 and all(isinstance(i, StreamItem) for i in b) for b in whole)
+    if grouped:
+        assert all(len({groups[i.index] for i in b}) == 1 for b in whole)
+    positions = [i.position for b in whole for i in b]
+    assert len(set(positions)) == len(positions)
+    for k in (1, 7, 25):
+        batches = TrainingBatchSampler(TrainingSampler(11, seed=2), 3, groups)
+        batches.start_at(k)
+        assert take(batches, 40 - k) == whole[k:]
+    # Without the replay the stream would differ from batch k on (the test can fail).
+    restarted = TrainingBatchSampler(TrainingSampler(11, seed=2), 3, groups)
+    assert take(restarted, 15) != whole[25:40]
+
+
+def test_batch_stream_seed_and_arguments():
+    batches = TrainingBatchSampler(TrainingSampler(6, seed=1), 2)
+    batches.seed = 9
+    assert batches.seed == 9 and all(i.seed == 9 for b in take(batches, 3) for i in b)
+    assert take(batches, 3) == take(TrainingBatchSampler(TrainingSampler(6, seed=9), 2), 3)
+    with pytest.raises(ValueError, match="start_at: batch must be an int >= 0"):
+        batches.start_at(-1)
+    with pytest.raises(ValueError, match="seed must be an int >= 0"):
+        batches.seed = -3
+    with pytest.raises(ValueError, match="seed must be an int >= 0 or None"):
+        TrainingSampler(6, seed=-1)
+    with pytest.raises(ValueError, match=r"group_ids must have one entry per dataset item \(6\)"):
+        TrainingBatchSampler(TrainingSampler(6, seed=1), 2, [0, 1])
+    with pytest.raises(TypeError, match="must be a TrainingSampler"):
+        TrainingBatchSampler(range(6), 2)
 
 
 def _distributed_worker(rank, world, init_file, out_dir):

@@ -246,7 +246,8 @@ def test_non_finite_weights_are_never_saved(tmp_path):
 def test_garbage_files_are_named_with_what_they_seem_to_be(tmp_path, content, kind):
     path = tmp_path / "model_final.pth"
     path.write_bytes(content)
-    with pytest.raises(ValueError, match=rf"Cannot read checkpoint .*model_final\.pth.*it seems to be {kind}"):
+    # The trainer's reader is detcore.checkpoint's: one message for both.
+    with pytest.raises(ValueError, match=rf"model_final\.pth is not a checkpoint: it seems to be {kind}"):
         load_checkpoint_file(str(path))
     with pytest.raises(ValueError, match=rf"model_final\.pth is not a checkpoint: it seems to be {kind}"):
         load_model_weights(Small(), str(path))

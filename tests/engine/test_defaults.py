@@ -11,8 +11,10 @@ import time
 import pytest
 import torch
 
-from detcore.engine import DefaultTrainer, default_setup
+from detcore.engine import DefaultTrainer, default_setup, seed_all_rng
 from detcore.engine.checkpoint import LAST_CHECKPOINT_FILE, load_checkpoint_file
+from detcore.engine.divergence import TrainingDiverged, weight_norm
+from detcore.engine.train_loop import HookBase
 from detcore.utils.plotting import read_metrics
 
 from .toy_model import REPO, TINY_RCNN, TINY_VAL, TOY, ToyDetector, make_cfg, subprocess_env
@@ -105,6 +107,129 @@ def test_resume_continues_and_rewrites_redone_metrics(tiny_cache, tmp_path):
     assert load_checkpoint_file(str(tmp_path / "model_final.pth"))["iteration"] == 7
 
 
+class _Crash(HookBase):
+    """Raises before iteration ``at``: a run that died there (its last checkpoint is older)."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def before_step(self):
+        if self.trainer.iter == self.at:
+            raise RuntimeError("crash")
+
+
+class _Losses(HookBase):
+    """Keeps each iteration's total loss as computed (metrics.json has medians over a window)."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def after_step(self):
+        self.seen[self.trainer.iter] = self.trainer.storage.history("total_loss").latest()
+
+
+@pytest.mark.parametrize("workers", ["2"])  # 0, 1 and 4: tests/tools/test_chaos_resume.py (slow)
+def test_a_resumed_run_is_bit_identical_to_an_uninterrupted_one(tiny_cache, tmp_path, workers):
+    # The resumed run must continue the data order, the augmentations and the model's random
+    # draws (the toy's dropout) as if it had never stopped; the training stream used to restart
+    # from its beginning on resume. The evaluation after iteration 5 draws from the process'
+    # RNG in the uninterrupted run only.
+    opts = ["SOLVER.MAX_ITER", "9", "SOLVER.CHECKPOINT_PERIOD", "3", "LOG_PERIOD", "1", "TEST.EVAL_PERIOD", "3",
+            "DATALOADER.NUM_WORKERS", workers, "INPUT.MIN_SIZE_TRAIN", "(56, 64, 72)"]
+    seed_all_rng(7)  # as default_setup does: the same initial weights
+    whole = DefaultTrainer(toy_cfg(tmp_path / "whole", *opts))
+    whole.resume_or_load(resume=False)
+    whole_losses = _Losses()
+    whole.register_hooks([whole_losses])
+    whole.train()
+
+    seed_all_rng(7)
+    cut = DefaultTrainer(toy_cfg(tmp_path / "cut", *opts))
+    cut.resume_or_load(resume=False)
+    cut.register_hooks([_Crash(at=7)])
+    with pytest.raises(RuntimeError, match="crash"):
+        cut.train()
+    assert (tmp_path / "cut" / LAST_CHECKPOINT_FILE).read_text() == "model_0000005.pth"
+    torch.rand(10)  # what the process drew meanwhile does not matter
+    resumed = DefaultTrainer(toy_cfg(tmp_path / "cut", *opts))
+    resumed.resume_or_load(resume=True)
+    assert resumed.start_iter == 6
+    resumed_losses = _Losses()
+    resumed.register_hooks([resumed_losses])
+    resumed.train()
+
+    expected = load_checkpoint_file(str(tmp_path / "whole" / "model_final.pth"))["model"]
+    got = load_checkpoint_file(str(tmp_path / "cut" / "model_final.pth"))["model"]
+    assert expected.keys() == got.keys()
+    for k in expected:
+        assert torch.equal(expected[k], got[k]), k
+    assert resumed_losses.seen == {i: whole_losses.seen[i] for i in (6, 7, 8)}
+
+
+def test_a_resumed_run_keeps_its_seed(tiny_cache, tmp_path, caplog):
+    # SEED -1 draws a seed: the resumed run must continue with that one, not draw another; an
+    # explicit SEED other than the run's is ignored, and the log says so.
+    opts = ["SOLVER.MAX_ITER", "4", "SOLVER.CHECKPOINT_PERIOD", "2", "DATASETS.TEST", "()"]
+    first = DefaultTrainer(toy_cfg(tmp_path, *opts, "SEED", "-1"))
+    first.resume_or_load(resume=False)
+    first.register_hooks([_Crash(at=3)])
+    with pytest.raises(RuntimeError):
+        first.train()
+    drawn = first._trainer.seed
+    assert first.data_loader.batch_sampler.seed == drawn
+    again = DefaultTrainer(toy_cfg(tmp_path, *opts, "SEED", "-1"))
+    again.resume_or_load(resume=True)
+    assert again._trainer.seed == drawn
+    with caplog.at_level(logging.WARNING, logger="detcore.engine.defaults"):
+        other = DefaultTrainer(toy_cfg(tmp_path, *opts, "SEED", str(drawn + 1)))
+        other.resume_or_load(resume=True)
+    assert other._trainer.seed == drawn
+    assert f"SEED {drawn + 1} is not used: the resumed run continues with its own seed {drawn}" in caplog.text
+    other.train()
+    assert other.data_loader.batch_sampler.seed == drawn  # the data stream's too
+
+
+def test_resume_uses_the_learning_rate_of_the_command_line_and_says_what_changed(tiny_cache, tmp_path, caplog):
+    # After a divergence the user resumes with a lower SOLVER.BASE_LR: the resumed run must use
+    # it (it used to keep the checkpoint's LR silently), from the resumed iteration on.
+    opts = ["SOLVER.MAX_ITER", "6", "SOLVER.CHECKPOINT_PERIOD", "2", "LOG_PERIOD", "1", "DATASETS.TEST", "()"]
+    first = DefaultTrainer(toy_cfg(tmp_path, *opts))
+    first.resume_or_load(resume=False)
+    first.register_hooks([_Crash(at=4)])
+    with pytest.raises(RuntimeError, match="crash"):
+        first.train()
+    lr_before = read_metrics(str(tmp_path / "metrics.json"))[-1]["lr"]
+    assert lr_before == pytest.approx(0.05)
+
+    with caplog.at_level(logging.WARNING, logger="detcore.engine.checkpoint"):
+        lower = DefaultTrainer(toy_cfg(tmp_path, *opts, "SOLVER.BASE_LR", "0.001", "SOLVER.MOMENTUM", "0.5"))
+        lower.resume_or_load(resume=True)
+    assert lower.start_iter == 4
+    assert [g["lr"] for g in lower.optimizer.param_groups] == [0.001] * len(lower.optimizer.param_groups)
+    assert all(g["momentum"] == 0.5 for g in lower.optimizer.param_groups)
+    said = caplog.text
+    assert "this run's config applies from the resumed iteration on (LR now 0.001)" in said
+    assert "base_lrs: [0.05" in said and "-> [0.001" in said and "momentum: 0.9 -> 0.5" in said
+    lower.train()
+    lrs = {r["iteration"]: r["lr"] for r in read_metrics(str(tmp_path / "metrics.json")) if "lr" in r}
+    assert lrs[4] == lrs[5] == 0.001
+
+
+def test_resume_with_the_same_config_reports_no_change(tiny_cache, tmp_path, caplog):
+    opts = ["SOLVER.MAX_ITER", "4", "SOLVER.CHECKPOINT_PERIOD", "2", "DATASETS.TEST", "()"]
+    first = DefaultTrainer(toy_cfg(tmp_path, *opts))
+    first.resume_or_load(resume=False)
+    first.register_hooks([_Crash(at=3)])
+    with pytest.raises(RuntimeError):
+        first.train()
+    with caplog.at_level(logging.WARNING):
+        again = DefaultTrainer(toy_cfg(tmp_path, *opts))
+        again.resume_or_load(resume=True)
+    assert "other solver settings" not in caplog.text and "SEED" not in caplog.text
+    saved = load_checkpoint_file(str(tmp_path / "model_0000001.pth"))
+    assert again.optimizer.state_dict()["param_groups"] == saved["optimizer"]["param_groups"]
+
+
 def test_resuming_a_finished_run_evaluates_it_again_and_keeps_its_files(tiny_cache, tmp_path):
     cfg = toy_cfg(tmp_path, "SOLVER.MAX_ITER", "4", "SOLVER.CHECKPOINT_PERIOD", "2", "LOG_PERIOD", "1")
     first = DefaultTrainer(cfg)
@@ -154,23 +279,60 @@ def test_nan_loss_stops_training_and_keeps_last_good_checkpoint(tiny_cache, tmp_
 
 
 @pytest.mark.parametrize("clip", ["True", "False"])
-def test_divergence_from_a_huge_learning_rate_leaves_a_resumable_run(tiny_cache, tmp_path, clip):
+def test_after_a_divergence_resume_with_a_lower_learning_rate_trains_on(tiny_cache, tmp_path, clip):
     # SOLVER.BASE_LR 1e6 once ended with a message naming no loss and a last checkpoint of NaN
-    # weights (clipping infinite gradients writes NaN): --resume then failed at once.
-    cfg = toy_cfg(tmp_path, "SOLVER.MAX_ITER", "30", "SOLVER.CHECKPOINT_PERIOD", "1", "LOG_PERIOD", "1",
-                  "SOLVER.BASE_LR", "1e6", "SOLVER.WARMUP_ITERS", "0", "SOLVER.CLIP_GRADIENTS.ENABLED", clip,
-                  "DATASETS.TEST", "()")
-    trainer = DefaultTrainer(cfg)
+    # weights (clipping infinite gradients writes NaN): --resume then failed at once. Later the
+    # last checkpoint held finite but exploded weights, and --resume with a sane LR kept the
+    # checkpoint's LR: it diverged again at once.
+    opts = ["SOLVER.MAX_ITER", "30", "LOG_PERIOD", "1", "SOLVER.WARMUP_ITERS", "0",
+            "SOLVER.CLIP_GRADIENTS.ENABLED", clip, "DATASETS.TEST", "()"]
+    trainer = DefaultTrainer(toy_cfg(tmp_path, *opts, "SOLVER.BASE_LR", "1e6", "SOLVER.CHECKPOINT_PERIOD", "1"))
     trainer.resume_or_load(resume=False)
-    with pytest.raises(FloatingPointError, match=r"iteration=\d+.*(loss|weights)"):
+    with pytest.raises(TrainingDiverged, match=r"iteration=\d+.*(loss|weights).*--resume SOLVER\.BASE_LR <lower>"):
         trainer.train()
     for name in checkpoints(tmp_path):
         for k, v in load_checkpoint_file(str(tmp_path / name))["model"].items():
             assert torch.isfinite(v).all(), (name, k)
-    if (tmp_path / LAST_CHECKPOINT_FILE).exists():
-        again = DefaultTrainer(cfg)
-        again.resume_or_load(resume=True)  # loads: the last checkpoint is a good state
-        assert again.start_iter >= 1
+    again = DefaultTrainer(toy_cfg(tmp_path, *opts, "SOLVER.BASE_LR", "0.05", "SOLVER.CHECKPOINT_PERIOD", "30"))
+    again.resume_or_load(resume=True)
+    if again.start_iter > 0:  # the last good state: weights within the bound
+        assert weight_norm(list(again.model.parameters())) <= 10 * again._trainer.guard.first_weight_norm
+    again.train()  # no divergence this time
+    assert load_checkpoint_file(str(tmp_path / "model_final.pth"))["iteration"] == 29
+
+
+@pytest.mark.parametrize("nan_at, good", [(4, "model_0000001.pth"), (2, None)])
+def test_a_checkpoint_whose_weights_diverged_at_the_next_step_is_set_aside(tiny_cache, tmp_path, monkeypatch, caplog, nan_at, good):
+    # The checkpoint written after iteration nan_at - 1 holds the weights that gave iteration
+    # nan_at its NaN loss: resumed, they would meet the same loss on the same batch whatever the
+    # learning rate. last_checkpoint goes back to the checkpoint before (none: the run's start).
+    real_forward = ToyDetector.forward
+    calls = {"n": 0}
+
+    def forward(self, batched_inputs):
+        losses = real_forward(self, batched_inputs)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] == nan_at + 1:
+                losses["loss_cls"] = losses["loss_cls"] * float("nan")
+        return losses
+
+    monkeypatch.setattr(ToyDetector, "forward", forward)
+    cfg = toy_cfg(tmp_path, "SOLVER.MAX_ITER", "8", "SOLVER.CHECKPOINT_PERIOD", "2", "DATASETS.TEST", "()")
+    trainer = DefaultTrainer(cfg)
+    trainer.resume_or_load(resume=False)
+    with pytest.raises(TrainingDiverged, match=f"iteration={nan_at}"):
+        trainer.train()
+    set_aside = f"model_{nan_at - 1:07d}.pth"
+    assert set_aside in checkpoints(tmp_path)  # the file stays
+    pointer = tmp_path / LAST_CHECKPOINT_FILE
+    assert (pointer.read_text() if pointer.exists() else None) == good
+    assert f"{set_aside} holds the weights that diverged at iteration {nan_at}" in caplog.text
+    monkeypatch.setattr(ToyDetector, "forward", real_forward)
+    again = DefaultTrainer(cfg)
+    again.resume_or_load(resume=True)
+    assert again.start_iter == (0 if good is None else 2)
+    again.train()
 
 
 def test_sigkill_then_resume_restores_the_saved_state(tiny_cache, tmp_path):
@@ -178,7 +340,8 @@ def test_sigkill_then_resume_restores_the_saved_state(tiny_cache, tmp_path):
     args = [
         sys.executable, os.path.join(REPO, "tests", "tools", "launcher.py"), os.path.join(REPO, "tools", "train_net.py"),
         "--config-file", os.path.join(REPO, "configs", "e2e_mask_rcnn_R_18_FPN_shapes.yaml"),
-        *TOY, "SOLVER.MAX_ITER", "100000", "SOLVER.CHECKPOINT_PERIOD", "4", "LOG_PERIOD", "1",
+        *TOY, "SOLVER.BASE_LR", "0.05", "SOLVER.WARMUP_ITERS", "2", "SOLVER.STEPS", "(100,)",  # toy_cfg's
+        "SOLVER.MAX_ITER", "100000", "SOLVER.CHECKPOINT_PERIOD", "4", "LOG_PERIOD", "1",
         "DATASETS.TEST", "()", "OUTPUT_DIR", str(out),
     ]
     proc = subprocess.Popen(args, env=subprocess_env(tiny_cache), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -51,7 +51,9 @@ def register_tiny_datasets(cache_dir=None):
 
 
 class ToyDetector(nn.Module):
-    """Predicts one box and class per image from a 16x16 thumbnail; trains on the first object."""
+    """Predicts one box and class per image from a 16x16 thumbnail; trains on the first object,
+    with dropout on its features (torch's RNG: the trainer's random streams matter to the toy as
+    the sampling of anchors and proposals does to the real detectors)."""
 
     def __init__(self, num_classes, pixel_mean, pixel_std):
         super().__init__()
@@ -78,6 +80,7 @@ class ToyDetector(nn.Module):
     def forward(self, batched_inputs):
         feats = self.features(batched_inputs)
         if self.training:
+            feats = F.dropout(feats, 0.25)
             targets = [x["instances"] for x in batched_inputs]
             classes = torch.stack([t.gt_classes[0] for t in targets])
             boxes = torch.stack([

@@ -83,11 +83,7 @@ def test_onnx_in_onnxruntime_gives_the_eager_heatmaps(exported, tmp_path):
     path = str(tmp_path / "model.onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        onnx_program = torch.onnx.export(
-            program, (_chw(_photo(112)),), dynamo=True, opset_version=detcore.export.OPSET,
-            custom_translation_table=detcore.export.onnx_translation_table(), verbose=False,
-        )
-    onnx_program.save(path)
+        detcore.export.program_to_onnx(program, (_chw(_photo(112)),)).save(path)
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     for short_side in (96, 144):

@@ -129,60 +129,103 @@ def test_exported_program_file_equals_eager(exported, short_side):
         _assert_same_detections([t.numpy() for t in loaded(image)], detector(image), detector.mask_on)
 
 
-def test_torchscript_file_equals_eager_in_a_fresh_process(exported, tmp_path):
-    """The .ts file, loaded by a process that only imports detcore (for its ops) and torch: the
-    ExportedProgram's outputs bit for bit, hence eager's detections, at sizes not seen at export."""
-    _, detector, program, _ = exported
+def test_the_files_load_in_a_fresh_process_that_imports_only_detcore(exported, tmp_path):
+    """The .ts and .pt2 files, loaded as export.json says (``import detcore``, then torch.jit.load or
+    torch.export.load) by a process that imports nothing else: the ExportedProgram's outputs bit
+    for bit, hence eager's detections, at sizes not seen at export."""
+    _, detector, program, program_path = exported
     model_path, images_path, outputs_path = (str(tmp_path / name) for name in ("model.ts", "images.pt", "outputs.pt"))
     torch.jit.save(script_exported_program(program), model_path)
     images = [_chw(_photo(short_side)) for short_side in (128, 224)]
     torch.save(images, images_path)
     script = (
-        "import sys, torch, detcore.layers\n"
-        "model = torch.jit.load(sys.argv[1])\n"
+        "import sys, torch, detcore\n"
+        "scripted, loaded = torch.jit.load(sys.argv[1]), torch.export.load(sys.argv[2]).module()\n"
         "with torch.no_grad():\n"
-        "    torch.save([model(image) for image in torch.load(sys.argv[2])], sys.argv[3])\n"
+        "    torch.save([(scripted(image), loaded(image)) for image in torch.load(sys.argv[3])], sys.argv[4])\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script, model_path, images_path, outputs_path], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-c", script, model_path, program_path, images_path, outputs_path],
+        capture_output=True, text=True, cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    for image, outputs in zip(images, torch.load(outputs_path)):
-        assert isinstance(outputs, tuple) and len(outputs) == len(detector.output_names)
+    for image, (scripted, loaded) in zip(images, torch.load(outputs_path)):
+        assert isinstance(scripted, tuple) and len(scripted) == len(detector.output_names)
         with torch.no_grad():
-            for got, expected in zip(outputs, program.module()(image)):
-                assert torch.equal(got, expected)
-            _assert_same_detections([t.numpy() for t in outputs], detector(image), detector.mask_on)
+            for got_scripted, got_loaded, expected in zip(scripted, loaded, program.module()(image)):
+                assert torch.equal(got_scripted, expected) and torch.equal(got_loaded, expected)
+            _assert_same_detections([t.numpy() for t in scripted], detector(image), detector.mask_on)
 
 
-def test_torchscript_names_a_wrong_input(exported):
-    _, _, program, _ = exported
-    scripted = script_exported_program(program)
+def _too_small(min_side):
+    """Images the graph cannot serve: below the smallest side on one side or both."""
+    return [(3, 1, 1), (3, min_side - 1, min_side - 1), (3, min_side - 1, 200), (3, 200, min_side - 1)]
+
+
+def test_the_program_and_torchscript_refuse_what_the_graph_cannot_serve(exported):
+    """One rule (ExportableDetector.check_input), applied by the .pt2 (torch's guards) and by the
+    TorchScript graph (a ValueError saying what it takes); the smallest image fits both."""
+    _, detector, program, _ = exported
+    loaded, scripted = program.module(), script_exported_program(program)
+    side = detector.min_side
+    takes = rf"takes image as a uint8 tensor of shape \[3, >={side}, >={side}\]"
+    for shape in _too_small(side):
+        image = torch.zeros(shape, dtype=torch.uint8)
+        with pytest.raises(AssertionError, match=rf"Guard failed: image.size\(\)\[[12]\] >= {side}"):
+            loaded(image)
+        with pytest.raises(Exception, match=rf"{takes}, got shape \[{', '.join(map(str, shape))}\]"):
+            scripted(image)
     image = _chw(_photo(128))
-    with pytest.raises(Exception, match=r"takes image as a uint8 tensor of shape \[3, \*, \*\], got another dtype"):
+    with pytest.raises(Exception, match=rf"{takes}, got another dtype"):
         scripted(image.float())
-    with pytest.raises(Exception, match=r"takes image as a uint8 tensor of shape \[3, \*, \*\], got shape \[128, 171, 3\]"):
+    with pytest.raises(Exception, match=rf"{takes}, got shape \[128, 171, 3\]"):
         scripted(image.permute(1, 2, 0).contiguous())
+    smallest = _chw(_photo(side))[:, :, :side].contiguous()
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(scripted(smallest), loaded(smallest)))
 
 
-def test_onnx_in_onnxruntime_equals_eager(exported, tmp_path):
+def test_onnx_in_onnxruntime_equals_eager_and_refuses_what_the_graph_cannot_serve(exported, tmp_path):
+    """The ONNX file in onnxruntime: eager's detections at sizes not seen at export, a failed run
+    for images below the smallest side (the check program_to_onnx puts in the graph), and the same
+    outputs in a fresh process that imports onnxruntime and numpy only (no torch, no detcore)."""
     onnxruntime = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     _, detector, program, _ = exported
     path = str(tmp_path / "model.onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        onnx_program = torch.onnx.export(
-            program, (_chw(_photo(160)),), dynamo=True, opset_version=detcore.export.OPSET,
-            custom_translation_table=detcore.export.onnx_translation_table(), verbose=False,
-        )
-    onnx_program.save(path)
+        detcore.export.program_to_onnx(program, (_chw(_photo(160)),), detector.output_names).save(path)
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    for short_side in (128, 224):
-        image = _chw(_photo(short_side))
+    images = [_chw(_photo(short_side)) for short_side in (128, 224)]
+    outputs = [session.run(None, {"image": image.numpy()}) for image in images]
+    for image, got in zip(images, outputs):
         with torch.no_grad():
-            _assert_same_detections(session.run(None, {name: image.numpy()}), detector(image), detector.mask_on)
+            _assert_same_detections(got, detector(image), detector.mask_on)
+    side = detector.min_side
+    for shape in _too_small(side):
+        with pytest.raises(Exception, match=rf"Name:'input check: the exported detector takes image as a uint8 tensor "
+                                            rf"of shape \[3, >={side}, >={side}\]'"):
+            session.run(None, {"image": np.zeros(shape, dtype=np.uint8)})
+    assert len(session.run(None, {"image": _chw(_photo(side))[:, :, :side].numpy()})[0].shape) == 2
+    np.savez(str(tmp_path / "images.npz"), *[image.numpy() for image in images])
+    script = (
+        "import sys, numpy, onnxruntime\n"
+        "session = onnxruntime.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n"
+        "images = numpy.load(sys.argv[2])\n"
+        "outputs = [session.run(None, {'image': images[f'arr_{i}']}) for i in range(len(images.files))]\n"
+        "numpy.savez(sys.argv[3], *[o for per_image in outputs for o in per_image])\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('torch', 'detcore')]\n"
+    )
+    outputs_path = str(tmp_path / "outputs.npz")
+    done = subprocess.run(
+        [sys.executable, "-c", script, path, str(tmp_path / "images.npz"), outputs_path], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    fresh = np.load(outputs_path)
+    expected = [o for per_image in outputs for o in per_image]
+    assert len(fresh.files) == len(expected)
+    assert all(np.array_equal(fresh[f"arr_{i}"], o) for i, o in enumerate(expected))
 
 
 def test_the_export_graph_gives_the_predictors_detections(exported):
@@ -226,7 +269,9 @@ def test_export_tool_writes_the_model_and_its_description(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     meta = json.loads((out / "export.json").read_text())
-    assert meta["file"] == "model.pt2" and meta["input"]["layout"] == "HWC"
+    assert meta["file"] == "model.pt2" and meta["input"]["layout"] == "HWC" and meta["input"]["shape"] == "[H, W, 3]"
+    assert meta["input"]["min_side"] == 65 and meta["input"]["max_side"] is None
+    assert "Guard failed" in meta["input"]["checked"] and "import detcore" in meta["load"]
     assert meta["input"]["channel_order"] == "BGR" and meta["outputs"] == ["boxes", "scores", "classes", "mask_probs"]
     assert meta["class_names"] == ["circle", "square", "triangle"]
     assert meta["versions"]["torch"] == torch.__version__
@@ -244,6 +289,19 @@ def test_export_tool_writes_the_model_and_its_description(tmp_path):
     assert meta["file"] == "model.ts" and meta["outputs"] == ["boxes", "scores", "classes"]
     outputs = torch.jit.load(str(tmp_path / "ts" / "model.ts"))(_chw(_photo(96)))
     assert len(outputs) == 3 and outputs[0].shape[1:] == (4,)
+    # Exporting again into the same folder: refused before the model is built, the export kept;
+    # --overwrite gets past that check (here to a sample image that cannot be read).
+    before = {name: (tmp_path / "ts" / name).read_bytes() for name in ("model.ts", "export.json")}
+    again = [sys.executable, os.path.join(ROOT, "tools", "export_model.py"), "--config-file", CONFIG, "--format",
+             "torchscript", "--output", str(tmp_path / "ts"), "--allow-random-weights", "MODEL.DEVICE", "cpu"]
+    refused = subprocess.run(again, capture_output=True, text=True)
+    assert refused.returncode != 0 and "already holds an export (model.ts, export.json)" in refused.stderr
+    assert "--overwrite" in refused.stderr and "Traceback" not in refused.stderr
+    assert {name: (tmp_path / "ts" / name).read_bytes() for name in before} == before
+    overwriting = subprocess.run(
+        again[:-2] + ["--overwrite", "--sample-image", str(tmp_path / "none.png")] + again[-2:], capture_output=True, text=True
+    )
+    assert overwriting.returncode != 0 and "cannot read --sample-image" in overwriting.stderr
 
 
 def test_a_batch_graph_gives_each_images_detections(exported):
@@ -329,11 +387,7 @@ def test_proposal_networks_and_c4_models_export_to_both_formats(other_family, tm
     path = str(tmp_path / "model.onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        onnx_program = torch.onnx.export(
-            program, (_chw(_photo(160)),), dynamo=True, opset_version=detcore.export.OPSET,
-            custom_translation_table=detcore.export.onnx_translation_table(), verbose=False,
-        )
-    onnx_program.save(path)
+        detcore.export.program_to_onnx(program, (_chw(_photo(160)),)).save(path)
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     scripted = script_exported_program(program)
@@ -470,6 +524,6 @@ def test_images_below_the_smallest_size_are_refused_with_the_bound():
         program = trace_detector(detector, torch.zeros(3, 160, 200, dtype=torch.uint8))
     with pytest.raises(Exception, match=r">= 129"):
         program.module()(torch.zeros(3, 128, 170, dtype=torch.uint8))
-    with pytest.raises(ValueError, match=r"sample_image is 96 x 128 px; .* at least 129 px"):
+    with pytest.raises(ValueError, match=r"sample_image does not fit the graph: .* at least 129 px .* got 96 x 128"):
         detcore.export.export_model(cfg, detector.model, "exported_program", "/nonexistent",
                                     sample_image=torch.zeros(3, 96, 128, dtype=torch.uint8))

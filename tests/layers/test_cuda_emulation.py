@@ -28,7 +28,7 @@ except ImportError:  # tests/ run as rootdir-relative modules, without packages
 DTYPES = EMULATED_DTYPES
 TOL = CUDA_VS_CPU_TOLERANCE
 NMS_SIZES = [0, 1, 63, 64, 65, 129]  # across the 64-bit mask words
-MAX_SHARED_WORDS = (48 * 1024 - 1024) // 8  # launch_config.h's kMaxSharedWords
+MAX_SHARED_WORDS = (48 * 1024 - 2048) // 8  # launch_config.h's kMaxSharedWords
 
 
 

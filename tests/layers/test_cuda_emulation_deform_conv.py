@@ -15,8 +15,10 @@ import detcore.layers  # noqa: F401  (loads torch.ops.detcore)
 
 try:
     from .reference_ops import CUDA_VS_CPU_TOLERANCE, EMULATED_DTYPES, in_cpu_dtype, seeded
+    from .test_deform_conv import one_sided_offset_derivatives, sample_points
 except ImportError:  # tests/ run as rootdir-relative modules, without packages
     from reference_ops import CUDA_VS_CPU_TOLERANCE, EMULATED_DTYPES, in_cpu_dtype, seeded
+    from test_deform_conv import one_sided_offset_derivatives, sample_points
 
 DTYPES = EMULATED_DTYPES
 TOL = CUDA_VS_CPU_TOLERANCE
@@ -94,6 +96,29 @@ def test_backward_equals_cpu(emu, dtype, config, with_mask):
         torch.testing.assert_close(in_cpu_dtype(a), b, **TOL[dtype], msg=lambda m: f"grad {name}: {m}")
     if not with_mask:
         assert got[3].shape == (0,)
+
+
+@pytest.mark.parametrize("config", range(len(CONFIGS)))
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_offset_gradient_at_integer_points_is_the_right_derivative(emu, config, with_mask):
+    """Offsets in {-2, ..., 2}: every tap samples an integer point, many exactly at -1 or at
+    H / W. The coordinate kernel's offset gradient is the right derivative there (a one-sided
+    difference of test_deform_conv's plain-PyTorch reference), nonzero at the -1 taps over the
+    map, and every gradient equals the CPU's."""
+    x, weight, offset, mask, bias, args = _inputs(CONFIGS[config], 50 + config, torch.float64, with_mask)
+    offset = torch.randint(-2, 3, offset.shape, generator=seeded(51 + config)).double()
+    kwargs = dict(stride=args[0:2], padding=args[2:4], dilation=args[4:6])
+    out = torch.ops.detcore.deform_conv2d(x, weight, offset, mask, bias, *args)
+    grad = torch.randn(out.shape, generator=seeded(52 + config), dtype=torch.float64)
+    got = emu.deform_conv2d_backward(grad, x, weight, offset, mask, *args)
+    right = one_sided_offset_derivatives(x, offset, weight, mask, kwargs, grad, 0.5)
+    torch.testing.assert_close(got[2], right, atol=1e-9, rtol=1e-9)
+    y, xs = sample_points(offset, weight.shape[2:], kwargs)
+    at_minus_one = (y == -1) & (xs >= 0) & (xs <= x.shape[3] - 1)
+    assert int(at_minus_one.sum()) > 5 and bool((got[2][:, 0::2][at_minus_one] != 0).all())
+    expected = torch.ops.detcore._deform_conv2d_backward(grad, x, weight, offset, mask, bias, *args)
+    for name, a, b in zip(["input", "weight", "offset", "mask", "bias"], got, expected):
+        torch.testing.assert_close(a, b, **TOL[torch.float64], msg=lambda m: f"grad {name}: {m}")
 
 
 @pytest.mark.parametrize("max_blocks", [1, 2])

@@ -16,8 +16,10 @@ import detcore.layers  # noqa: F401  (loads torch.ops.detcore)
 
 try:
     from .reference_ops import CUDA_VS_CPU_TOLERANCE, EMULATED_DTYPES, in_cpu_dtype, seeded
+    from .test_sigmoid_focal_loss import ALPHAS, alpha_grid, assert_alpha_weighting_is_precise
 except ImportError:  # tests/ run as rootdir-relative modules, without packages
     from reference_ops import CUDA_VS_CPU_TOLERANCE, EMULATED_DTYPES, in_cpu_dtype, seeded
+    from test_sigmoid_focal_loss import ALPHAS, alpha_grid, assert_alpha_weighting_is_precise
 
 TOL = CUDA_VS_CPU_TOLERANCE
 REDUCTIONS = ["none", "mean", "sum"]
@@ -64,6 +66,18 @@ def test_equals_cpu(emu, dtype, reduction):
     for alpha, gamma in ((0.25, 2.0), (-1.0, 0.0), (0.5, 1.0), (0.25, 1.5), (0.75, 0.5)):
         got = _emulated(emu, x, t, grad, alpha, gamma, reduction)
         _assert_equal_to_cpu(got, _cpu(x, t, grad, alpha, gamma, reduction), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tiny_alphas_keep_the_loss_and_gradients_precise(emu, dtype):
+    """The device code's a_t, as the CPU kernel's: tiny alphas, 0 and 1, hard and soft targets,
+    saturated logits, held to the float64 reference (test_sigmoid_focal_loss's bounds)."""
+    x, t = alpha_grid(dtype)
+    ones = torch.ones(len(x), dtype=dtype)
+    for alpha in ALPHAS:
+        for gamma in (0.0, 1.0, 2.0, 1.5):
+            got = _emulated(emu, x, t, ones, alpha, gamma, "none")
+            assert_alpha_weighting_is_precise(got, x, t, alpha, gamma, "emulated")
 
 
 @pytest.mark.parametrize("max_blocks", [1, 2])

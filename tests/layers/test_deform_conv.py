@@ -166,6 +166,117 @@ def test_gradcheck(config, with_mask, with_bias):
     assert torch.autograd.gradcheck(fn, leaves, eps=1e-6, atol=1e-5, nondet_tol=0.0)
 
 
+# --- the offset gradient where the sampling point sits on an integer: the border --------------------
+def integer_offsets(config, seed, dtype=torch.float64, batch=2):
+    """_inputs with offsets in {-2, ..., 2}: every tap samples an integer point, many of them
+    exactly at -1 or at H / W (with padding even a zero offset does: a fresh offset conv) and some
+    beyond, where the blend has a kink. A grad_out for <out, grad_out>."""
+    x, offset, weight, bias, mask, kwargs = _inputs(config, seed, dtype)
+    offset = torch.randint(-2, 3, offset.shape, generator=_gen(seed + 1)).to(dtype)
+    out_shape = (x.shape[0], weight.shape[0], *offset.shape[2:])
+    grad_out = torch.randn(out_shape, generator=_gen(seed + 2), dtype=torch.float64).to(dtype)
+    return x, offset, weight, bias, mask, kwargs, grad_out
+
+
+def one_sided_offset_derivatives(x, offset, weight, mask, kwargs, grad_out, step):
+    """d <out, grad_out> / d offset as a one-sided difference quotient of the plain-PyTorch
+    reference (grid_sample), in float64: offset channel c moved by `step` at every position at
+    once (a position's output depends on its own offsets only). The blend is linear in y (or x)
+    on each cell [k, k + 1), so from an integer point a step of +0.5 gives the right derivative
+    exactly (to rounding) and -0.5 the left one."""
+    x, offset, weight, grad_out = (t.double() for t in (x, offset, weight, grad_out))
+    mask = None if mask is None else mask.double()
+
+    def total(o):
+        return (deform_conv2d_reference(x, o, weight, mask=mask, **kwargs) * grad_out).sum(1)
+
+    base = total(offset)
+    out = torch.empty_like(offset)
+    for c in range(offset.shape[1]):
+        moved = offset.clone()
+        moved[:, c] += step
+        out[:, c] = (total(moved) - base) / step
+    return out
+
+
+def sample_points(offset, kernel, kwargs):
+    """The sampling points (y, x) of every tap: [N, offset_groups * kh * kw, out_h, out_w] each."""
+    (kh, kw), stride, padding, dilation = kernel, kwargs["stride"], kwargs["padding"], kwargs["dilation"]
+    ho, wo = offset.shape[2:]
+    ty = (torch.arange(kh) * dilation[0]).repeat_interleave(kw)  # per tap, row-major
+    tx = (torch.arange(kw) * dilation[1]).repeat(kh)
+    by = torch.arange(ho) * stride[0] - padding[0]
+    bx = torch.arange(wo) * stride[1] - padding[1]
+    og = offset.shape[1] // (2 * kh * kw)
+    base_y = (ty[:, None, None] + by[None, :, None]).repeat(og, 1, 1).to(offset.dtype)
+    base_x = (tx[:, None, None] + bx[None, None, :]).repeat(og, 1, 1).to(offset.dtype)
+    return offset[:, 0::2] + base_y, offset[:, 1::2] + base_x
+
+
+def _offset_grad(fn, x, offset, weight, bias, mask, kwargs, grad_out):
+    offset = offset.detach().clone().requires_grad_(True)
+    out = fn(x, offset, weight, bias, mask=mask, **kwargs)
+    (grad,) = torch.autograd.grad(out, offset, grad_out)
+    return grad
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("config", [0, 1, 3])
+def test_offset_gradient_at_integer_points_is_the_right_derivative(config, with_mask):
+    """At an integer point the gradient is the right derivative (the cell [floor, floor + 1)),
+    at the border as inside: at -1 the slope towards the map, at H (or W) and below -1 zero. The
+    left derivative differs at the -1 taps (it is 0 there: a test that could not tell the two
+    conventions apart would be no test)."""
+    x, offset, weight, bias, mask, kwargs, grad_out = integer_offsets(CONFIGS[config], 60 + config)
+    mask = mask if with_mask else None
+    got = _offset_grad(deform_conv2d, x, offset, weight, bias, mask, kwargs, grad_out)
+    right = one_sided_offset_derivatives(x, offset, weight, mask, kwargs, grad_out, 0.5)
+    left = one_sided_offset_derivatives(x, offset, weight, mask, kwargs, grad_out, -0.5)
+    torch.testing.assert_close(got, right, atol=1e-9, rtol=1e-9)
+    y, xs = sample_points(offset, weight.shape[2:], kwargs)
+    # At y = -1 with x on a column of the map, the right derivative is that column's pixel
+    # (weighted), the left one 0.
+    at_minus_one = (y == -1) & (xs >= 0) & (xs <= x.shape[3] - 1)
+    grad_y, left_y = got[:, 0::2], left[:, 0::2]
+    assert int(at_minus_one.sum()) >= 5
+    assert bool((grad_y[at_minus_one] != 0).all()) and float(left_y[at_minus_one].abs().max()) < 1e-9
+
+
+@pytest.mark.skipif(torchvision is None, reason="needs torchvision")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("config", [0, 1, 3])
+def test_gradients_at_integer_points_equal_torchvision(config, dtype):
+    """Every gradient at integer sampling points (taps exactly at -1 and at H / W among them),
+    with and without a mask, equals torchvision's: the border convention is torchvision's."""
+    x, offset, weight, bias, mask, kwargs, _ = integer_offsets(CONFIGS[config], 70 + config, dtype)
+    for m in (None, mask):
+        out, grads = _value_and_grads(deform_conv2d, x, offset, weight, bias, m, kwargs)
+        ref, ref_grads = _value_and_grads(torchvision.ops.deform_conv2d, x, offset, weight, bias, m, kwargs)
+        torch.testing.assert_close(out, ref, **TOL[dtype])
+        for name, a, b in zip(["input", "offset", "weight", "bias", "mask"], grads, ref_grads):
+            torch.testing.assert_close(a, b, **TOL[dtype], msg=lambda msg: f"grad {name}: {msg}")
+
+
+@pytest.mark.skipif(torchvision is None, reason="needs torchvision")
+def test_fresh_offset_conv_gets_a_gradient_at_the_border():
+    """Zero offsets with padding 1, as a freshly initialised offset conv gives: the top row's
+    upper taps sample y = -1, and their y offsets get the gradient that lets them move onto the
+    map, equal to torchvision's; the bottom row's lower taps sample y = H and get none."""
+    x = torch.randn(1, 2, 5, 6, generator=_gen(75), dtype=torch.float64)
+    weight = torch.randn(3, 2, 3, 3, generator=_gen(76), dtype=torch.float64)
+    offset = torch.zeros(1, 18, 5, 6, dtype=torch.float64)
+    grad_out = torch.ones(1, 3, 5, 6, dtype=torch.float64)
+    kwargs = dict(padding=(1, 1))
+    got = _offset_grad(deform_conv2d, x, offset, weight, None, None, kwargs, grad_out)
+    expected = _offset_grad(torchvision.ops.deform_conv2d, x, offset, weight, None, None, kwargs, grad_out)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=1e-12)
+    # Tap (0, 1) (channel 2: its y offset) of output row 0 samples y = -1, x = ox: by hand, the
+    # slope towards row 0 is sum_o sum_c weight[o, c, 0, 1] * x[c, 0, ox].
+    by_hand = torch.einsum("oc,cx->x", weight[:, :, 0, 1], x[0, :, 0])
+    torch.testing.assert_close(got[0, 2, 0], by_hand, atol=1e-12, rtol=1e-12)
+    assert bool((got[0, 14, -1] == 0).all())  # tap (2, 1) of the last row: y = H, nothing beyond
+
+
 def test_double_backward_raises():
     x, offset, weight, bias, mask, kwargs = _inputs(CONFIGS[0], 50)
     x.requires_grad_(True)
@@ -263,6 +374,26 @@ def test_bad_input_raises_value_error_naming_the_argument(case):
     args, match = _errors()[case]
     with pytest.raises(ValueError, match=match):
         deform_conv2d(**args)
+
+
+def test_wrong_shapes_say_torchvisions_words():
+    """torchvision's test_wrong_sizes matches "the shape of the offset" (an offset of 2 channels
+    for a 3x2 kernel) and "mask.shape[1] is not valid"; detcore's messages hold those words and
+    still name the expected shape. Each is a RuntimeError, as torchvision's."""
+    x, offset, _, _, mask, kw = _inputs(CONFIGS[1], 92)  # 6 -> 4 channels, 3x2, groups 2, og 3
+    layer = DeformConv2d(6, 4, (3, 2), groups=2, **kw).double()
+    cases = [
+        (offset[:, :2], None, r"the shape of the offset is not valid: offset.shape\[1\] must be a positive multiple of 2 \* kh \* kw = 12, got 2"),
+        (offset[:, :17], None, r"the shape of the offset is not valid: offset must have shape \[2, 12, 5, 7\]"),
+        (offset[:, :, :-1], None, r"the shape of the offset is not valid: offset must have shape \[2, 36, 5, 7\]"),
+        (offset, mask[:, :2], r"the shape of the mask is not valid \(mask.shape\[1\] is not valid\): mask must have shape \[2, 18, 5, 7\]"),
+        (offset, mask[:1], r"the shape of the mask is not valid: mask must have shape \[2, 18, 5, 7\]"),
+    ]
+    for off, m, match in cases:
+        with pytest.raises(RuntimeError, match=match):
+            layer(x, off, m)
+    with pytest.raises(RuntimeError, match="the shape of the offset"):
+        torch.ops.detcore.deform_conv2d(x, layer.weight, offset[0], None, None, 2, 1, 1, 0, 1, 2, 2, 3)
 
 
 def test_groups_must_divide_output_channels():

@@ -1,7 +1,13 @@
 """What a user sees when detcore._C is missing or was built against another torch."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 from detcore.layers import _extension
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _pretend_not_loaded(monkeypatch, error):
@@ -29,3 +35,44 @@ def test_build_for_another_torch_says_rebuild(monkeypatch):
 def test_loaded_here():
     _extension.ensure_loaded()
     assert _extension.is_available()
+
+
+def test_a_build_lacking_an_op_counts_as_not_loaded(monkeypatch):
+    """A _C built from older sources lacks ops whose fake kernels the Python side registers when
+    ``import detcore`` loads it: the import still works, and the first op call says to rebuild."""
+    monkeypatch.setattr(_extension, "_loaded", True)
+    monkeypatch.setattr(_extension, "_load_error", None)
+
+    def kernel(x):
+        return x
+
+    assert _extension._fake("detcore::no_such_op")(kernel) is kernel
+    assert not _extension.is_available()
+    with pytest.raises(RuntimeError, match=r"(?s)lacks the op detcore::no_such_op.*pip install --no-build-isolation"):
+        _extension.ensure_loaded()
+
+
+def test_import_detcore_works_without_the_extension():
+    """``import detcore`` loads the ops; where _C cannot load, the pure-Python parts still import
+    and the first op call gives the build hint (a fresh interpreter in which importing _C fails)."""
+    code = (
+        "import sys\n"
+        "class NoExtension:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'detcore._C':\n"
+        "            raise ImportError('No module named detcore._C')\n"
+        "sys.meta_path.insert(0, NoExtension())\n"
+        "import torch, detcore\n"
+        "from detcore.config import get_cfg\n"
+        "from detcore.structures import Boxes\n"
+        "from detcore.layers import nms\n"
+        "assert get_cfg().MODEL.ROI_HEADS.NMS_THRESH_TEST > 0 and len(Boxes(torch.zeros(2, 4))) == 2\n"
+        "try:\n"
+        "    nms(torch.zeros(1, 4), torch.zeros(1), 0.5)\n"
+        "except RuntimeError as e:\n"
+        "    print('REFUSED:', e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "REFUSED: detcore's compiled extension detcore._C is not built" in done.stdout
+    assert "pip install --no-build-isolation -e ." in done.stdout

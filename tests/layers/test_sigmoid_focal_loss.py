@@ -209,6 +209,73 @@ def test_extreme_logits_equal_torchvision_where_it_is_finite():
                 torch.testing.assert_close(a[finite], b[finite], rtol=1e-5, atol=1e-6)
 
 
+# --- the class weight a_t for any alpha ----------------------------------------------------------
+# Tiny alphas (a positive's weight far below 1), both ends, and 1 - alpha tiny (a negative's).
+ALPHAS = [0.0, 1e-7, 2.5e-6, 1e-4, 0.25, 1 - 1e-7, 1.0]
+
+
+def alpha_grid(dtype):
+    """Logits, moderate and saturated (q exactly 0 or 1 at +-1e4), times hard and soft targets."""
+    x = torch.tensor([-1e4, -30.0, -3.0, 0.0, 2.0, 30.0, 1e4], dtype=torch.float64)
+    t = torch.tensor([0.0, 1e-3, 0.3, 0.999, 1.0], dtype=torch.float64)
+    x, t = torch.meshgrid(x, t, indexing="ij")
+    return x.flatten().to(dtype), t.flatten().to(dtype)
+
+
+def assert_alpha_weighting_is_precise(got, x, t, alpha, gamma, where=""):
+    """`got`: the loss (reduction 'none') and its gradients for inputs and targets (grad 1), at
+    alpha_grid's points, against the float64 reference. a_t = alpha t + (1 - alpha)(1 - t) is a
+    factor of the loss and of the inputs' gradient, so an a_t off by a relative e moves them by e
+    (the affine form (1 - alpha) + (2 alpha - 1) t did: 0.4 at alpha 1e-7, t = 1 in float32).
+    The loss, a product, is held to 16 ulp of its value; each derivative to 16 ulp of the size of
+    its terms (a_t times those of the unweighted one, w (ce + (1 + gamma)(|x| + 1)) with
+    w = q^gamma, plus |2 alpha - 1| ce w for the targets': d a_t / d t)."""
+    dtype = got[0].dtype
+    ulp, tiny = torch.finfo(dtype).eps, torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
+    ref = _loss_and_grads(focal_loss_reference, x, t, torch.ones(len(x), dtype=torch.float64), alpha=alpha, gamma=gamma)
+    x64, t64 = x.double(), t.double()
+    ce = -(t64 * F.logsigmoid(x64) + (1 - t64) * F.logsigmoid(-x64))
+    w = (t64 * torch.sigmoid(-x64) + (1 - t64) * torch.sigmoid(x64)) ** gamma
+    a_t = alpha * t64 + (1 - alpha) * (1 - t64)
+    terms = a_t * w * (ce + (1 + gamma) * (x64.abs() + 1))
+    scales = (torch.zeros_like(x64), terms, terms + abs(2 * alpha - 1) * ce * w)
+    for name, a, b, scale in zip(("loss", "d inputs", "d targets"), got, ref, scales):
+        assert a.dtype == dtype and bool(torch.isfinite(a).all()), name
+        err = (a.double() - b).abs()
+        # Results below the dtype's normal range (a_t ce w at x = 30, t = 1: 1e-46) keep an
+        # absolute error of a few of its smallest steps.
+        bound = 16 * ulp * (b.abs() + scale) + 4 * tiny * (1 + gamma) * (x64.abs() + 1)
+        worst = int((err - bound).argmax())
+        assert bool((err <= bound).all()), (
+            f"{where} alpha={alpha} gamma={gamma} {name} at x={float(x[worst])}, t={float(t[worst])}: "
+            f"{float(a[worst])!r} vs {float(b[worst])!r}"
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tiny_alphas_keep_the_loss_and_gradients_precise(monkeypatch, dtype):
+    """Every alpha of ALPHAS (0 and 1 included), hard and soft targets, saturated logits, every
+    gamma path: float64 on scalars, float32 in every vector variant of this CPU."""
+    x, t = alpha_grid(dtype)
+    for capability in _capabilities() if dtype == torch.float32 else ["baseline"]:
+        monkeypatch.setenv("DETCORE_CPU_CAPABILITY", capability)
+        for alpha in ALPHAS:
+            for gamma in (0.0, 1.0, 2.0, 1.5):
+                got = _loss_and_grads(sigmoid_focal_loss, x, t, torch.ones(len(x), dtype=dtype), alpha=alpha, gamma=gamma)
+                assert_alpha_weighting_is_precise(got, x, t, alpha, gamma, capability)
+
+
+@needs_torchvision
+def test_tiny_alpha_of_the_issue_equals_torchvision_in_float64():
+    """The case found by torchvision's exact value: x = -1e4, t = 1, alpha = 2.5e-6 and 1e-7,
+    where the loss is alpha |x|."""
+    for alpha in (2.5e-6, 1e-7):
+        x, t = torch.tensor([-1e4]), torch.tensor([1.0])
+        expected = tv_focal_loss(x.double(), t.double(), alpha=alpha)
+        assert float(expected) == pytest.approx(alpha * 1e4, rel=1e-12)
+        torch.testing.assert_close(sigmoid_focal_loss(x, t, alpha=alpha), expected.float(), rtol=4e-7, atol=0)
+
+
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("gamma", [0.0, 1.0, 2.0, 1.5, 3.0])
 def test_gradcheck(reduction, gamma):
@@ -389,7 +456,7 @@ def test_bad_arguments_name_what_is_wrong():
     _raises(r"sigmoid_focal_loss: targets must have the shape of inputs, got inputs \[4, 3\] and targets \[4, 1\]", x, t[:, :1])
     _raises(r"targets must have the dtype of inputs \(Float\), got Long", x, t.long())
     _raises(r"inputs must be float32, float64, float16 or bfloat16 logits, got Long", x.long(), t.long())
-    _raises("reduction must be 'none', 'mean' or 'sum', got 'average'", x, t, reduction="average")
+    _raises("Invalid value for reduction: it must be 'none', 'mean' or 'sum', got 'average'", x, t, reduction="average")
     for alpha in (1.5, float("nan"), float("inf")):
         _raises(r"alpha must be in \[0, 1\], or negative for no alpha weighting", x, t, alpha=alpha)
     for gamma in (-1.0, float("nan"), float("inf")):
@@ -398,9 +465,10 @@ def test_bad_arguments_name_what_is_wrong():
 
 @needs_torchvision
 def test_bad_reduction_is_a_value_error_like_torchvision():
+    """torchvision's own test matches "Invalid" in the message of a bad reduction."""
     x, t = torch.zeros(4, 3), torch.zeros(4, 3)
     for fn in (sigmoid_focal_loss, tv_focal_loss):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="Invalid"):
             fn(x, t, reduction="average")
         with pytest.raises(ValueError):  # torchvision: "Target size ... must be the same"
             fn(x, t[:, :2])

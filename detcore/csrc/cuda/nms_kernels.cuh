@@ -13,11 +13,7 @@
 
 #include "../rounded_ops.h"
 #include "launch_config.h"
-
-// The launch's dynamic shared memory; a macro so that the CUDA emulation can provide it.
-#ifndef DETCORE_DYNAMIC_SHARED
-#define DETCORE_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
-#endif
+#include "shared_memory.h"
 
 namespace detcore {
 namespace {  // included by nms_kernel.cu alone (and by the emulation's own translation unit)
@@ -53,8 +49,8 @@ __global__ void nms_mask_kernel(
     int64_t n, int64_t col_blocks, const T* __restrict__ boxes,
     const int64_t* __restrict__ categories, double iou_threshold,
     unsigned long long* __restrict__ mask) {
-  __shared__ A col_boxes[kBlockBoxes * 4];
-  __shared__ int64_t col_categories[kBlockBoxes];
+  DETCORE_SHARED_ARRAY(A, col_boxes, kBlockBoxes * 4);
+  DETCORE_SHARED_ARRAY(int64_t, col_categories, kBlockBoxes);
   const int t = threadIdx.x;
 
   for (int64_t rb = blockIdx.y; rb < col_blocks; rb += gridDim.y) {
@@ -113,8 +109,8 @@ __global__ void nms_unwrap_kernel(
     int64_t n, int64_t col_blocks, const unsigned long long* __restrict__ mask,
     bool use_shared, unsigned long long* __restrict__ removed_global, bool* __restrict__ keep) {
   DETCORE_DYNAMIC_SHARED(unsigned long long, removed_shared);
-  __shared__ unsigned long long diagonal[kBlockBoxes];
-  __shared__ unsigned long long kept_bits;
+  DETCORE_SHARED_ARRAY(unsigned long long, diagonal, kBlockBoxes);
+  DETCORE_SHARED_VAR(unsigned long long, kept_bits);
   unsigned long long* removed = use_shared ? removed_shared : removed_global;
   const int t = threadIdx.x;
 

@@ -82,7 +82,7 @@ __global__ void roi_pool_backward_kernel(
     if (!roi_usable<A>(rois + k * 5, batch_size)) {
       continue;
     }
-    const int64_t batch = static_cast<int64_t>(rois[k * 5]);
+    const int64_t batch = float_to_int<int64_t>(static_cast<A>(rois[k * 5]));
     const A value = static_cast<A>(
         grad[k * grad_stride_k + c * grad_stride_c + ph * grad_stride_h + pw * grad_stride_w]);
     // Overlapping rois (and bins sharing a border pixel) send gradients to the same pixel.

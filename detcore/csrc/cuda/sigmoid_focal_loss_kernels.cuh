@@ -20,6 +20,7 @@
 
 #include "../sigmoid_focal_loss_common.h"
 #include "launch_config.h"
+#include "shared_memory.h"
 
 namespace detcore {
 namespace {  // included by sigmoid_focal_loss_kernel.cu alone (and the emulation's own unit)
@@ -50,7 +51,7 @@ __global__ void sigmoid_focal_loss_forward_kernel(
     int64_t n, const T* __restrict__ inputs, const T* __restrict__ targets,
     FocalParams<A> params, T* __restrict__ loss, double* __restrict__ block_sums,
     long long* __restrict__ first_bad) {
-  __shared__ double shared[kFocalLossThreads];
+  DETCORE_SHARED_ARRAY(double, shared, kFocalLossThreads);
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   double sum = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
@@ -78,7 +79,7 @@ __global__ void sigmoid_focal_loss_forward_kernel(
 template <typename T>
 __global__ void sigmoid_focal_loss_sum_kernel(
     int64_t count, const double* __restrict__ block_sums, double divisor, T* __restrict__ out) {
-  __shared__ double shared[kFocalLossThreads];
+  DETCORE_SHARED_ARRAY(double, shared, kFocalLossThreads);
   double sum = 0;
   for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
     sum += block_sums[i];

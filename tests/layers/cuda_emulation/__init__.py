@@ -13,6 +13,7 @@ tests that way.
 import glob
 import hashlib
 import os
+import shutil
 import subprocess
 
 import torch
@@ -28,8 +29,12 @@ SOURCES = [
     )
 ]
 # -ffp-contract=off: a * b + c is two roundings, never an FMA (see cuda_emulation.h).
-FLAGS = ["-O2", "-ffp-contract=off"]
-TSAN_FLAGS = ["-O1", "-g", "-ffp-contract=off", "-fsanitize=thread"]
+# float-cast-overflow: a float to integer conversion out of range (or of NaN) is undefined on the
+# host and saturates on the GPU; device code converts through float_to_int.h, and any raw
+# conversion left that overflows stops the process with a report (no recovery: it cannot pass).
+CAST_CHECK = ["-fsanitize=float-cast-overflow", "-fno-sanitize-recover=float-cast-overflow"]
+FLAGS = ["-O2", "-ffp-contract=off", *CAST_CHECK]
+TSAN_FLAGS = ["-O1", "-g", "-ffp-contract=off", "-fsanitize=thread", *CAST_CHECK]
 
 
 def tsan_requested():
@@ -78,7 +83,7 @@ def load():
             name=name,
             sources=SOURCES,
             extra_cflags=flags,
-            extra_ldflags=["-fsanitize=thread"] if tsan else [],
+            extra_ldflags=[*(["-fsanitize=thread"] if tsan else []), CAST_CHECK[0]],
             extra_include_paths=[ROOT],
             build_directory=build_directory(name, flags),
             is_python_module=False,
@@ -95,3 +100,42 @@ def fma_probe():
         subprocess.run(["g++", *flags, "-I", ROOT, source, "-o", path + ".tmp"], check=True)
         os.replace(path + ".tmp", path)  # whole, even if another test run builds it too
     return path
+
+
+# The mutation probe: ThreadSanitizer and the float-cast check, no ATen, so that it builds in
+# seconds, from the real headers or from a mutated copy.
+PROBE_FLAGS = ["-std=c++20", "-O1", "-g", "-pthread", "-ffp-contract=off", "-fsanitize=thread", *CAST_CHECK]
+
+
+def mutation_probes(mutations):
+    """Builds mutation_probe.cpp for each of `mutations` ({name: None or (path, old, new)}), in
+    parallel, and returns {name: executable}. A mutation replaces `old`, which must occur exactly
+    once, by `new` in a copy of detcore/<path>; None builds from detcore's own headers."""
+    built, jobs = {}, []
+    for name, mutation in mutations.items():
+        directory = build_directory("mutation_probe", PROBE_FLAGS + [repr(mutation)])
+        path = os.path.join(directory, "mutation_probe")
+        built[name] = path
+        if os.path.exists(path):
+            continue
+        include = ROOT
+        if mutation is not None:
+            include = os.path.join(directory, "src")
+            shutil.rmtree(include, ignore_errors=True)
+            shutil.copytree(os.path.join(ROOT, "detcore", "csrc"), os.path.join(include, "detcore", "csrc"))
+            target = os.path.join(include, "detcore", mutation[0])
+            with open(target) as f:
+                text = f.read()
+            if text.count(mutation[1]) != 1:
+                raise AssertionError(f"mutation {name}: {mutation[1]!r} is not once in {mutation[0]}")
+            with open(target, "w") as f:
+                f.write(text.replace(mutation[1], mutation[2]))
+        sources = [os.path.join(HERE, "mutation_probe.cpp"), os.path.join(HERE, "cuda_emulation.cpp")]
+        command = ["g++", *PROBE_FLAGS, "-I", HERE, "-I", include, *sources, "-o", path + ".tmp"]
+        jobs.append((path, subprocess.Popen(command, stderr=subprocess.PIPE, text=True)))
+    for path, job in jobs:
+        _, errors = job.communicate()
+        if job.returncode != 0:
+            raise RuntimeError(f"building {path} failed:\n{errors}")
+        os.replace(path + ".tmp", path)  # whole, even if another test run builds it too
+    return built

@@ -6,19 +6,31 @@
 //  - every CUDA thread of a block is a real std::thread, scheduled by the OS like any other, and
 //    __syncthreads() is a std::barrier across the block's threads: a missing or misplaced
 //    barrier gives a wrong result, or a data race that ThreadSanitizer reports;
-//  - the blocks of a grid run one after another, never two at once, and launches are serialized.
-//    So __shared__ can be `static`: a kernel's static locals are one copy that all its threads
-//    share, and with one block running at a time that copy is the running block's shared memory;
-//  - dynamic shared memory (DETCORE_DYNAMIC_SHARED, nvcc's extern __shared__) is a buffer that is
-//    filled with garbage before each block, so a kernel that reads it before writing it fails;
+//  - a few blocks of a grid run at once (DETCORE_EMULATION_BLOCKS, default 2), each with its own
+//    threads, barrier and shared memory; a block that finishes takes the next one not yet run.
+//    Nothing orders two running blocks, so a race between blocks (a plain += where atomics are
+//    needed) is a wrong result or a ThreadSanitizer report too. Launches are serialized, as on
+//    one stream;
+//  - shared memory is per block: the static arrays and variables of DETCORE_SHARED_ARRAY /
+//    DETCORE_SHARED_VAR (detcore/csrc/cuda/shared_memory.h) and the dynamic shared memory of
+//    DETCORE_DYNAMIC_SHARED are filled with garbage before each block, so a kernel that reads
+//    them before writing them (or expects zeros, or another block's values) fails. A plain
+//    `__shared__` does not compile here. Static plus dynamic shared memory over 48 KiB (the
+//    limit without opting in) aborts the launch, as it fails on the GPU;
 //  - a thread that returns from the kernel no longer holds up its block's barriers, as on the GPU;
 //  - atomicAdd is std::atomic_ref::fetch_add, atomicMin a compare-and-swap loop, and __fadd_rn
 //    & co. round each operation (through a volatile, so even -ffp-contract=fast cannot fuse
 //    them). Build with -ffp-contract=off: a plain a * b + c then stays two roundings, where nvcc
 //    may fuse it into an FMA, which is why device code that must match the CPU bit for bit uses
-//    the _rn operations.
+//    the _rn operations;
+//  - float to integer conversions: the device saturates (NaN gives 0) where the host's
+//    static_cast is undefined, so device code converts through detcore/csrc/float_to_int.h, and
+//    the tests build with -fsanitize=float-cast-overflow: a raw conversion out of range stops the
+//    process with a report.
 // Not emulated: warps (the kernels use no warp intrinsics), memory orderings weaker than a
-// barrier, and __shared__ contents that differ between blocks (static ones carry over).
+// barrier, more than a few blocks at once (a kernel that waits for another block can deadlock
+// here as on the GPU, or pass here and hang there), and registers or shared memory per SM
+// (tests/layers/test_cuda_resource_usage.py reads those from the compiled kernels).
 // A launch that does not finish in DETCORE_EMULATION_TIMEOUT_S seconds (default 300; a barrier
 // that not every thread reaches deadlocks) aborts the process with a message, rather than hang.
 #pragma once
@@ -35,7 +47,12 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __shared__ static
+// Shared memory is per block (see above); shared_memory.h's macros for nvcc are not defined.
+#define __shared__ \
+  static_assert(false, "declare shared memory with detcore/csrc/cuda/shared_memory.h's macros");
+#define DETCORE_SHARED_ARRAY(type, name, count) \
+  type* name = cuda_emulation::static_shared<type>(count, [] {})
+#define DETCORE_SHARED_VAR(type, name) type& name = *cuda_emulation::static_shared<type>(1, [] {})
 #define DETCORE_DYNAMIC_SHARED(type, name) \
   type* name = static_cast<type*>(cuda_emulation::dynamic_shared_memory())
 
@@ -56,6 +73,16 @@ void run_grid(
     dim3 grid, dim3 block, size_t dynamic_shared_bytes, const std::function<void()>& body);
 void syncthreads();
 void* dynamic_shared_memory();
+// The running block's copy of the static shared memory declared at `site`.
+void* static_shared_memory(const void* site, size_t bytes, size_t alignment);
+
+// DETCORE_SHARED_ARRAY / _VAR: Site is the type of a lambda written at the declaration, so every
+// declaration (in every instantiation of a kernel template) has its own `site`.
+template <typename T, typename Site>
+T* static_shared(size_t count, Site) {
+  static const char site = 0;
+  return static_cast<T*>(static_shared_memory(&site, sizeof(T) * count, alignof(T)));
+}
 
 // kernel<<<grid, block, dynamic_shared_bytes>>>(args...)
 template <typename Kernel, typename... Args>
