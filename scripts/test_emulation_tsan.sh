@@ -17,5 +17,6 @@ export TSAN_OPTIONS="halt_on_error=1 exitcode=66 suppressions=$SUPPRESSIONS ${TS
 # before pytest would print what it captured).
 LD_PRELOAD="$TSAN_RUNTIME" "$PYTHON_BIN" -m pytest -p no:cacheprovider --capture=sys -q \
   tests/layers/test_cuda_emulation.py tests/layers/test_cuda_emulation_roi_pool.py \
+  tests/layers/test_cuda_emulation_nms.py \
   tests/layers/test_cuda_emulation_deform_conv.py \
   tests/layers/test_cuda_emulation_sigmoid_focal_loss.py "$@"

@@ -18,7 +18,8 @@ Inside the block, on this thread:
   the backward, which runs after the block (and for CUDA on another thread).
 
 What no caller can avoid: nms and batched_nms read the number of kept boxes, the size of their
-result (one sync per call). batched_nms with floating ids also numbers them with ``torch.unique``,
+result (one sync per call); batched_nms over 5000 boxes also reads its categories' sizes, to lay
+out their masks (three more: detcore/csrc/cuda/nms_launch.h). batched_nms with floating ids also numbers them with ``torch.unique``,
 whose result size is another sync: the model passes integer ids.
 
 While torch.compile or torch.export traces, ``trusted_inputs()`` does nothing: the fake kernels

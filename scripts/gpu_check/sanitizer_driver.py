@@ -72,6 +72,14 @@ class Driver:
             keep = nms(wide, torch.stack([scores, scores], 1)[:, 1], 0.5)
             self.sync()
             assert keep.numel() <= n
+        # Over 5000 boxes batched_nms takes its banded path (nms_band_kernels.cuh): categories of
+        # 1, 64, 65 and many boxes.
+        idxs = torch.repeat_interleave(torch.arange(4), torch.tensor([1, 64, 65, 4900])).to(self.device)
+        boxes = self.boxes(len(idxs), dtype)
+        scores = torch.rand(len(idxs), generator=self.gen).to(self.device, dtype)
+        keep = batched_nms(boxes, scores, idxs, 0.5)
+        self.sync()
+        assert keep.numel() <= len(idxs)
 
     def _rois(self, k, dtype, batch=2):
         boxes = self.boxes(k, dtype, side=200.0)

@@ -20,6 +20,18 @@ VALUE_CHECKED_OPS = {
 }
 # Their one sync that no caller avoids: reading the number of kept boxes, the result's size.
 RESULT_SIZE_SYNC_OPS = {"nms", "batched_nms"}
+# batched_nms over this many boxes takes the banded path (detcore/csrc/cuda/launch_config.h,
+# kNmsBandAbove), which syncs three more times to lay out its categories' masks: the number of
+# categories (unique_consecutive), their sizes' copy to the host and the layout's copy back.
+NMS_BAND_ABOVE = 5000
+BANDED_NMS_SYNCS = 4
+
+
+def allowed_syncs(call: "OpCall") -> int:
+    """The host syncs an unchecked call of a detcore op may make: none, but nms / batched_nms's."""
+    if call.op not in RESULT_SIZE_SYNC_OPS:
+        return 0
+    return BANDED_NMS_SYNCS if call.op == "batched_nms" and call.boxes > NMS_BAND_ABOVE else 1
 
 SYNC_WARNING = "called a synchronizing CUDA operation"
 
@@ -30,14 +42,16 @@ class OpCall:
     checked: bool  # value checks on at the call
     device: str
     ids_dtype: Optional[torch.dtype] = None  # batched_nms's idxs
+    boxes: int = 0  # nms / batched_nms: how many boxes
     syncs: int = 0  # host syncs the call caused (SyncCounter, forward calls only)
 
 
 def _op_call(func, args) -> OpCall:
     """What a call of the op overload `func` was (its namespace's, e.g. torch.ops.detcore.*)."""
     ids_dtype = args[2].dtype if func._opname == "batched_nms" else None
+    boxes = len(args[0]) if func._opname in RESULT_SIZE_SYNC_OPS else 0
     device = next((str(a.device) for a in args if isinstance(a, torch.Tensor)), "?")
-    return OpCall(func._opname, value_checks_enabled(), device, ids_dtype)
+    return OpCall(func._opname, value_checks_enabled(), device, ids_dtype, boxes)
 
 
 class DetcoreOpRecorder(TorchDispatchMode):

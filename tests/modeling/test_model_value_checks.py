@@ -10,9 +10,10 @@ called).
 On a GPU (marked cuda; scripts/gpu_check.sh runs it): the host syncs of one R-50-FPN Mask R-CNN
 training iteration, counted under torch.cuda.set_sync_debug_mode("warn") and attributed to the
 ops that made them. The detcore ops on the unchecked path make none, but for the one sync of
-nms / batched_nms, which read the size of their result; their forward and backward run under
-"error", so a sync inside one fails the test there. The count is printed and, where
-$DETCORE_HOST_SYNCS_JSON names a file (the GPU check sets it), written there for the report.
+nms / batched_nms, which read the size of their result (three more for batched_nms's banded path
+over 5000 boxes, as the RPN's in training: op_watch.allowed_syncs); the others' forward and
+backward run under "error", so a sync inside one fails the test there. The count is printed and,
+where $DETCORE_HOST_SYNCS_JSON names a file (the GPU check sets it), written there for the report.
 """
 import json
 import os
@@ -26,10 +27,10 @@ from detcore.modeling import build_model
 from detcore.structures import Boxes, Instances, Keypoints, PolygonMasks
 
 try:
-    from ..layers.op_watch import RESULT_SIZE_SYNC_OPS, VALUE_CHECKED_OPS, DetcoreOpRecorder, count_syncs
+    from ..layers.op_watch import VALUE_CHECKED_OPS, DetcoreOpRecorder, allowed_syncs, count_syncs
     from .small_config import CONFIGS, small_cfg
 except ImportError:  # tests/ run as rootdir-relative modules, without packages
-    from layers.op_watch import RESULT_SIZE_SYNC_OPS, VALUE_CHECKED_OPS, DetcoreOpRecorder, count_syncs
+    from layers.op_watch import VALUE_CHECKED_OPS, DetcoreOpRecorder, allowed_syncs, count_syncs
     from small_config import CONFIGS, small_cfg
 
 HEIGHT, WIDTH = 96, 128
@@ -169,5 +170,5 @@ def test_host_syncs_of_a_mask_rcnn_training_iteration():
     assert {c.op for c in checked} >= {"roi_align", "_roi_align_backward", "batched_nms"}
     assert all(not c.checked for c in checked), [c for c in checked if c.checked]
     for c in counter.calls:  # forward calls: attributed exactly; backward ones ran under "error"
-        assert c.syncs <= (1 if c.op in RESULT_SIZE_SYNC_OPS else 0), c
+        assert c.syncs <= allowed_syncs(c), c
     assert total > 0  # the counter sees syncs: the model has others (listed in the report)
