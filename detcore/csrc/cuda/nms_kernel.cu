@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "../checks.h"
+#include "../value_checks.h"
 #include "cuda_launch.h"
 #include "nms_launch.h"
 
@@ -23,7 +24,8 @@ at::Tensor batched_nms_cuda(
     double iou_threshold) {
   check_batched_nms_inputs(boxes, scores, idxs, iou_threshold);
   at::cuda::CUDAGuard device_guard(boxes.device());
-  return nms_kept_launch(boxes, scores, category_ids(idxs), iou_threshold, CudaLaunch{});
+  return nms_kept_launch(
+      boxes, scores, category_ids(idxs, value_checks_enabled()), iou_threshold, CudaLaunch{});
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "../checks.h"
+#include "../value_checks.h"
 #include "cuda_launch.h"
 #include "roi_align_launch.h"
 
@@ -19,7 +20,8 @@ at::Tensor roi_align_forward_cuda(
     const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
     int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
   check_roi_align_inputs(
-      input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned);
+      input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned,
+      value_checks_enabled());
   at::cuda::CUDAGuard device_guard(input.device());
   return roi_align_forward_launch(
       input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned,
@@ -32,7 +34,7 @@ at::Tensor roi_align_backward_cuda(
     int64_t sampling_ratio, bool aligned) {
   check_roi_align_backward_inputs(
       grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
-      width, sampling_ratio, aligned);
+      width, sampling_ratio, aligned, value_checks_enabled());
   at::cuda::CUDAGuard device_guard(grad.device());
   // The atomics add in whatever order the threads arrive: the float sums vary run to run.
   at::globalContext().alertNotDeterministic("roi_align_backward_cuda");

@@ -41,8 +41,8 @@ at::Tensor roi_align_forward_launch(
             roi_align_forward_kernel<scalar_t, acc_t>, total,
             static_cast<const scalar_t*>(input_c.data_ptr<scalar_t>()),
             static_cast<const scalar_t*>(rois_c.data_ptr<scalar_t>()),
-            static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height,
-            pooled_width, sampling_ratio, aligned, output.data_ptr<scalar_t>());
+            static_cast<acc_t>(spatial_scale), input.size(0), channels, height, width,
+            pooled_height, pooled_width, sampling_ratio, aligned, output.data_ptr<scalar_t>());
       });
   return output;
 }
@@ -73,8 +73,8 @@ at::Tensor roi_align_backward_launch(
             static_cast<const scalar_t*>(grad.data_ptr<scalar_t>()), grad.stride(0),
             grad.stride(1), grad.stride(2), grad.stride(3),
             static_cast<const scalar_t*>(rois_c.data_ptr<scalar_t>()),
-            static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height,
-            pooled_width, sampling_ratio, aligned, grad_input.data_ptr<acc_t>());
+            static_cast<acc_t>(spatial_scale), batch_size, channels, height, width,
+            pooled_height, pooled_width, sampling_ratio, aligned, grad_input.data_ptr<acc_t>());
       });
   // A no-op for float / double (same dtype); one cast for half / bfloat16.
   return grad_input.to(grad.scalar_type());

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "../checks.h"
+#include "../value_checks.h"
 #include "cuda_launch.h"
 #include "roi_pool_launch.h"
 
@@ -19,7 +20,8 @@ namespace {
 std::tuple<at::Tensor, at::Tensor> roi_pool_forward_cuda(
     const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
     int64_t pooled_width) {
-  check_roi_pool_inputs(input, rois, spatial_scale, pooled_height, pooled_width);
+  check_roi_pool_inputs(
+      input, rois, spatial_scale, pooled_height, pooled_width, value_checks_enabled());
   at::cuda::CUDAGuard device_guard(input.device());
   return roi_pool_forward_launch(
       input, rois, spatial_scale, pooled_height, pooled_width, CudaLaunch{});
@@ -31,7 +33,7 @@ at::Tensor roi_pool_backward_cuda(
     int64_t channels, int64_t height, int64_t width) {
   check_roi_pool_backward_inputs(
       grad, rois, argmax, spatial_scale, pooled_height, pooled_width, batch_size, channels,
-      height, width);
+      height, width, value_checks_enabled());
   at::cuda::CUDAGuard device_guard(grad.device());
   // The atomics add in whatever order the threads arrive: the float sums vary run to run.
   at::globalContext().alertNotDeterministic("roi_pool_backward_cuda");
