@@ -132,10 +132,12 @@ setup(
     description="Mask R-CNN style detection and instance segmentation with compiled NMS/ROIAlign",
     packages=find_packages(exclude=("tests", "tests.*", "tools", "configs")),
     python_requires=">=3.9",
-    install_requires=["torch", "yacs", "numpy", "pycocotools", "opencv-python-headless"],
+    install_requires=["torch", "yacs", "numpy", "pycocotools", "opencv-python-headless", "matplotlib"],
     extras_require={
-        "test": ["pytest", "hypothesis", "torchvision", "imgviz", "onnx", "onnxruntime", "onnxscript"],
+        "test": ["pytest", "hypothesis", "torchvision", "imgviz", "onnx", "onnxruntime", "onnxscript", "openvino"],
         "export": ["onnx", "onnxruntime", "onnxscript"],
+        # The OpenVINO format (converted from the ONNX export) and, later, its int8 quantization.
+        "openvino": ["onnx", "onnxscript", "openvino", "nncf"],
     },
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},

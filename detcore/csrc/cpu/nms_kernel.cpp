@@ -14,8 +14,6 @@
 // parallel region, threads taking groups as they come free.
 #include <algorithm>
 #include <atomic>
-#include <cmath>
-#include <limits>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -23,6 +21,7 @@
 #include <torch/library.h>
 
 #include "../checks.h"
+#include "../nms_common.h"
 #include "compute_type.h"
 #include "nms_grid.h"
 #include "parallel.h"
@@ -33,17 +32,6 @@ namespace {
 constexpr int64_t kBlock = 256;         // plain walk: candidates settled before a compaction
 constexpr int64_t kGridMinBoxes = 512;  // fewer boxes: the plain walk (measured: the grid walk
                                         // lost in 22 of 24 layouts at 256 boxes)
-
-// The largest T not above `threshold`: for any T value v, v > result <=> (double)v > threshold,
-// so comparing in T gives torchvision's result, which compares in double.
-template <typename T>
-T threshold_in(double threshold) {
-  T t = static_cast<T>(threshold);
-  if (static_cast<double>(t) > threshold) {
-    t = std::nextafter(t, -std::numeric_limits<T>::infinity());
-  }
-  return t;
-}
 
 // The plain walk's candidates, in decreasing score order, as structure-of-arrays.
 template <typename T>

@@ -24,8 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 SOURCES = [
     os.path.join(HERE, name)
     for name in (
-        "cuda_emulation.cpp", "emulated_nms.cpp", "emulated_roi_align.cpp", "emulated_roi_pool.cpp",
-        "emulated_deform_conv2d.cpp", "emulated_sigmoid_focal_loss.cpp",
+        "cuda_emulation.cpp", "emulated_launch.cpp", "emulated_nms.cpp", "emulated_roi_align.cpp",
+        "emulated_roi_pool.cpp", "emulated_deform_conv2d.cpp", "emulated_sigmoid_focal_loss.cpp",
     )
 ]
 # -ffp-contract=off: a * b + c is two roundings, never an FMA (see cuda_emulation.h).
