@@ -63,21 +63,6 @@ def _want_cuda():
     return force or torch.cuda.is_available()
 
 
-def _pip_cuda_include_dirs():
-    """Headers (cuBLAS, cuSPARSE...) that ATen/cuda/CUDAContext.h wants, from pip's nvidia wheels.
-
-    They go in as trailing -isystem, never -I: -I would put pip's newer CUDA headers before
-    nvcc's own and nvcc refuses mismatched toolkit headers.
-    """
-    found = []
-    for entry in sys.path:
-        for sub in ("nvidia/cu13/include", "nvidia/cu12/include"):
-            path = os.path.join(entry, sub)
-            if os.path.isdir(path) and path not in found:
-                found.append(path)
-    return found
-
-
 def _cuda_archs():
     """Sets TORCH_CUDA_ARCH_LIST where detcore chooses it; the newest arch whose PTX is embedded."""
     nvcc = os.path.join(CUDA_HOME, "bin", "nvcc")
@@ -107,7 +92,7 @@ def _extension():
         macros.append(("WITH_CUDA", None))
         # For build_info.cu only: a macro for every source would rebuild the C++ on a new list.
         nvcc = list(build_config.NVCC_FLAGS) + [f"-DDETCORE_CUDA_PTX_ARCH={_cuda_archs()}"]
-        for inc in _pip_cuda_include_dirs():
+        for inc in build_config.pip_cuda_include_dirs(sys.path):
             cxx += ["-isystem", inc]
             nvcc += ["-isystem", inc]
         return CUDAExtension(

@@ -72,6 +72,19 @@ def find_cuda_home(environ=None, prefix="/usr/local"):
     return None
 
 
+def pip_cuda_include_dirs(search_path):
+    """Headers (cuBLAS, cuSPARSE...) that ATen/cuda/CUDAContext.h wants, from pip's nvidia wheels
+    found on search_path (sys.path). They go in as trailing -isystem, never -I: -I would put pip's
+    newer CUDA headers before nvcc's own and nvcc refuses mismatched toolkit headers."""
+    found = []
+    for entry in search_path:
+        for sub in ("nvidia/cu13/include", "nvidia/cu12/include"):
+            path = os.path.join(entry, sub)
+            if os.path.isdir(path) and path not in found:
+                found.append(path)
+    return found
+
+
 def nvcc_gpu_archs(nvcc):
     """The archs this nvcc builds SASS for ('7.5', ..., '12.1', from --list-gpu-code), or None
     if it cannot say (an nvcc older than CUDA 11)."""

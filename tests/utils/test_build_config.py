@@ -171,3 +171,25 @@ def test_setup_py_with_force_cuda_alone_picks_the_archs(monkeypatch):
     else:
         expected = "of the visible GPUs (torch chooses)"
     assert f"detcore: CUDA archs {expected}\n" in out.stdout
+
+
+def test_pip_cuda_headers_found_once_in_search_path_order(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder in (first / "nvidia" / "cu13" / "include", second / "nvidia" / "cu12" / "include"):
+        folder.mkdir(parents=True)
+    (tmp_path / "c").mkdir()
+    search = [str(tmp_path / "c"), str(first), str(second), str(first)]
+    assert build_config.pip_cuda_include_dirs(search) == [
+        str(first / "nvidia" / "cu13" / "include"), str(second / "nvidia" / "cu12" / "include")]
+    assert build_config.pip_cuda_include_dirs([str(tmp_path / "c")]) == []
+
+
+def test_gencode_flags_of_an_arch_list():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        from cuda_arch_cost import gencode_flags
+    finally:
+        sys.path.pop(0)
+    assert gencode_flags("7.5;9.0+PTX") == [
+        "-gencode=arch=compute_75,code=sm_75", "-gencode=arch=compute_90,code=sm_90",
+        "-gencode=arch=compute_90,code=compute_90"]
