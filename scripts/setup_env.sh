@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs detcore's dependencies and builds detcore._C in place (pip editable install).
 # Safe to re-run: pip skips what is installed and ninja rebuilds only what changed.
-#   FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="8.0;9.0"  compile the CUDA kernels without a visible GPU
+#   FORCE_CUDA=1  compile the CUDA kernels without a visible GPU (for the GPUs README's Install
+#                 section lists; TORCH_CUDA_ARCH_LIST="9.0" for one arch, a quicker build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

@@ -11,6 +11,7 @@ upcast) values, as in test_ops_cuda.py. DETCORE_EMULATION_TSAN=1 builds the emul
 ThreadSanitizer (scripts/test_emulation_tsan.sh).
 """
 import math
+import os
 import shutil
 import subprocess
 
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 import detcore.layers  # noqa: F401  (loads torch.ops.detcore)
+from detcore.utils import build_config
 
 try:
     from . import cuda_emulation
@@ -173,21 +175,67 @@ def _unfused_geometry(roi, scale, ph, pw, sampling_ratio, aligned):
     return [grid_h, grid_w, start_h, start_w, bin_h, bin_w, y, x]
 
 
-@pytest.mark.skipif(shutil.which("g++") is None or not _has_fma(), reason="needs g++, an FMA CPU")
-@pytest.mark.parametrize("scale,output,aligned", [(1 / 3, (7, 1), True), (1 / 32, (7, 7), False)])
-def test_device_geometry_with_fma_contraction(scale, output, aligned):
-    """Built like nvcc builds device code (a * b + c fused), the geometry is still the CPU's."""
-    rois = random_boxes(30, seeded(9), xy_max=300.0, wh_range=(1.0, 150.0)).tolist()
-    rois.insert(0, [0.0, 13.0, 3.0, 97.0])  # the roi of the issue, 28 rows for 7 bins at 1/3
-    scale = float(np.float32(scale))
+ISSUE_ROI = [0.0, 13.0, 3.0, 97.0]  # 28 rows at scale 1/3, aligned: 5 samples per bin, 4 if fused
+needs_fma_gxx = pytest.mark.skipif(
+    shutil.which("g++") is None or not _has_fma(), reason="needs g++, an FMA CPU")
+
+
+def _host_builds():
+    """How setup.py compiles host code (build_config's flags: torch adds -std=c++20), on a host
+    whose compiler may emit FMA (-mfma here; aarch64, -march=native): the C++ sources with g++,
+    and the host half of the .cu files with nvcc."""
+    host = ["-std=c++20", "-DDETCORE_FMA_PROBE_HOST"]
+    builds = [pytest.param("g++", [*host, *build_config.CXX_FLAGS, "-mfma"], id="g++")]
+    cuda_home = build_config.find_cuda_home()
+    nvcc = os.path.join(cuda_home, "bin", "nvcc") if cuda_home else None
+    builds.append(pytest.param(
+        nvcc, ["-x", "cu", *host, *build_config.NVCC_FLAGS, "-Xcompiler=-mfma"], id="nvcc",
+        marks=pytest.mark.skipif(nvcc is None or not os.path.exists(nvcc), reason="needs nvcc")))
+    return builds
+
+
+def _probe(rois, scale, output, aligned, flags, compiler="g++"):
+    """fma_probe built with flags: whether it fuses a * b - c, and each roi's geometry."""
     args = [str(scale), str(output[0]), str(output[1]), "0", str(int(aligned))]
     args += [repr(float(np.float32(v))) for roi in rois for v in roi]
     probe = subprocess.run(
-        [cuda_emulation.fma_probe(), *args], capture_output=True, text=True, check=True)
+        [cuda_emulation.fma_probe(flags, compiler), *args], capture_output=True, text=True,
+        check=True)
     lines = probe.stdout.splitlines()
-    if float(lines[0]) != 28.0:
-        pytest.skip("this g++ does not fuse a * b - c here, so it cannot show a fused geometry")
-    for roi, line in zip(rois, lines[1:]):
+    geometry = []
+    for line in lines[1:]:
         values = line.split()
-        got = [int(v) for v in values[:2]] + [np.float32(float(v)) for v in values[2:]]
+        geometry.append([int(v) for v in values[:2]] + [np.float32(float(v)) for v in values[2:]])
+    return float(lines[0]) == 28.0, geometry
+
+
+def _geometry_rois():
+    rois = random_boxes(30, seeded(9), xy_max=300.0, wh_range=(1.0, 150.0)).tolist()
+    return [ISSUE_ROI] + rois
+
+
+@needs_fma_gxx
+@pytest.mark.parametrize("scale,output,aligned", [(1 / 3, (7, 1), True), (1 / 32, (7, 7), False)])
+def test_device_geometry_with_fma_contraction(scale, output, aligned):
+    """Built like nvcc builds device code (a * b + c fused), the geometry is still the CPU's."""
+    rois, scale = _geometry_rois(), float(np.float32(scale))
+    fuses, geometry = _probe(rois, scale, output, aligned, cuda_emulation.DEVICE_FMA_FLAGS)
+    if not fuses:
+        pytest.skip("this g++ does not fuse a * b - c here, so it cannot show a fused geometry")
+    for roi, got in zip(rois, geometry):
         assert got == _unfused_geometry(roi, scale, *output, 0, aligned), roi
+
+
+@needs_fma_gxx
+@pytest.mark.parametrize("compiler,flags", _host_builds())
+@pytest.mark.parametrize("scale,output,aligned", [(1 / 3, (7, 1), True), (1 / 32, (7, 7), False)])
+def test_host_geometry_with_setup_flags_on_an_fma_cpu(scale, output, aligned, compiler, flags):
+    """With setup.py's flags, a compiler free to emit FMA fuses nothing: the CPU kernels'
+    geometry (grid, start, bin size, sample points) is the GPU's, 5 samples for the issue's roi."""
+    rois, scale = _geometry_rois(), float(np.float32(scale))
+    fuses, geometry = _probe(rois, scale, output, aligned, flags, compiler)
+    assert not fuses, "setup.py's flags let the compiler fuse a * b - c into an FMA"
+    for roi, got in zip(rois, geometry):
+        assert got == _unfused_geometry(roi, scale, *output, 0, aligned), roi
+    if scale == float(np.float32(1 / 3)) and aligned:
+        assert geometry[0][0] == 5
