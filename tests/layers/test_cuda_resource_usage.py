@@ -19,7 +19,7 @@ import sysconfig
 import pytest
 
 import detcore._C
-from detcore.utils.cuda_home import find_cuda_home
+from detcore.utils.build_config import find_cuda_home
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
