@@ -3,6 +3,13 @@
 The C++ kernels are always built. CUDA kernels are added when torch has CUDA, nvcc is found, and
 either a GPU is visible or FORCE_CUDA=1 (to compile on a GPU-less machine, as CI does).
 Install with:  pip install --no-build-isolation -e .
+
+Which GPU archs (detcore/utils/build_config.py decides, README's Install section explains):
+TORCH_CUDA_ARCH_LIST when set; else, with a GPU visible, torch's choice (the visible GPUs' archs
+and the newest one's PTX); else, as FORCE_CUDA=1 alone on a machine without a GPU, detcore's
+default list, "7.5;8.0;8.6;9.0;10.0;12.0+PTX" with CUDA 13: every GPU torch's own CUDA 13 wheels
+run on, and through the PTX newer ones. A build for one arch is several times quicker (say
+TORCH_CUDA_ARCH_LIST="9.0" for an H100); docs/benchmarks.md has the compile times.
 """
 import glob
 import importlib.util
@@ -16,17 +23,18 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("detcore", "csrc")
 
 
-def _load_cuda_home_finder():
-    """detcore/utils/cuda_home.py, loaded by path: the package itself is not importable yet."""
-    path = os.path.join(ROOT, "detcore", "utils", "cuda_home.py")
-    spec = importlib.util.spec_from_file_location("_detcore_cuda_home", path)
+def _load_build_config():
+    """detcore/utils/build_config.py, loaded by path: the package itself is not importable yet."""
+    path = os.path.join(ROOT, "detcore", "utils", "build_config.py")
+    spec = importlib.util.spec_from_file_location("_detcore_build_config", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.find_cuda_home
+    return module
 
 
+build_config = _load_build_config()
 # Must happen before torch.utils.cpp_extension is imported: it reads CUDA_HOME once, at import.
-_cuda_home = _load_cuda_home_finder()()
+_cuda_home = build_config.find_cuda_home()
 if _cuda_home:
     os.environ["CUDA_HOME"] = _cuda_home
 
@@ -55,35 +63,36 @@ def _want_cuda():
     return force or torch.cuda.is_available()
 
 
-def _pip_cuda_include_dirs():
-    """Headers (cuBLAS, cuSPARSE...) that ATen/cuda/CUDAContext.h wants, from pip's nvidia wheels.
-
-    They go in as trailing -isystem, never -I: -I would put pip's newer CUDA headers before
-    nvcc's own and nvcc refuses mismatched toolkit headers.
-    """
-    found = []
-    for entry in sys.path:
-        for sub in ("nvidia/cu13/include", "nvidia/cu12/include"):
-            path = os.path.join(entry, sub)
-            if os.path.isdir(path) and path not in found:
-                found.append(path)
-    return found
+def _cuda_archs():
+    """Sets TORCH_CUDA_ARCH_LIST where detcore chooses it; the newest arch whose PTX is embedded."""
+    nvcc = os.path.join(CUDA_HOME, "bin", "nvcc")
+    try:
+        arch_list = build_config.cuda_arch_list(os.environ, torch.cuda.device_count(), nvcc)
+    except ValueError as e:
+        sys.exit(f"detcore: {e}")
+    if arch_list:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
+    print(f"detcore: CUDA archs {arch_list or 'of the visible GPUs (torch chooses)'}")
+    try:  # the -gencode flags torch will pass (a private function: unknown, -1, if it goes)
+        from torch.utils.cpp_extension import _get_cuda_arch_flags
+    except ImportError:
+        return -1
+    return build_config.ptx_arch(_get_cuda_arch_flags())
 
 
 def _extension():
     sources = sorted(glob.glob(os.path.join(CSRC, "*.cpp")))
     sources += sorted(glob.glob(os.path.join(CSRC, "cpu", "*.cpp")))
     sources += sorted(glob.glob(os.path.join(CSRC, "autograd", "*.cpp")))
-    # OpenMP: at::parallel_for is an inline OpenMP region; without -fopenmp it runs serially.
-    # Linking -fopenmp resolves to the libgomp.so.1 torch has already loaded.
-    cxx = ["-O3", "-fopenmp"]
-    link = ["-fopenmp"]
+    cxx = list(build_config.CXX_FLAGS)
+    link = list(build_config.LINK_FLAGS)
     macros = []
     if _want_cuda():
         sources += sorted(glob.glob(os.path.join(CSRC, "cuda", "*.cu")))
         macros.append(("WITH_CUDA", None))
-        nvcc = ["-O3", "--expt-relaxed-constexpr"]
-        for inc in _pip_cuda_include_dirs():
+        # For build_info.cu only: a macro for every source would rebuild the C++ on a new list.
+        nvcc = list(build_config.NVCC_FLAGS) + [f"-DDETCORE_CUDA_PTX_ARCH={_cuda_archs()}"]
+        for inc in build_config.pip_cuda_include_dirs(sys.path):
             cxx += ["-isystem", inc]
             nvcc += ["-isystem", inc]
         return CUDAExtension(
@@ -108,10 +117,12 @@ setup(
     description="Mask R-CNN style detection and instance segmentation with compiled NMS/ROIAlign",
     packages=find_packages(exclude=("tests", "tests.*", "tools", "configs")),
     python_requires=">=3.9",
-    install_requires=["torch", "yacs", "numpy", "pycocotools", "opencv-python-headless"],
+    install_requires=["torch", "yacs", "numpy", "pycocotools", "opencv-python-headless", "matplotlib"],
     extras_require={
-        "test": ["pytest", "hypothesis", "torchvision", "imgviz", "onnx", "onnxruntime", "onnxscript"],
+        "test": ["pytest", "hypothesis", "torchvision", "imgviz", "onnx", "onnxruntime", "onnxscript", "openvino"],
         "export": ["onnx", "onnxruntime", "onnxscript"],
+        # The OpenVINO format (converted from the ONNX export) and, later, its int8 quantization.
+        "openvino": ["onnx", "onnxscript", "openvino", "nncf"],
     },
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=shutil.which("ninja") is not None)},

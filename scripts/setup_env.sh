@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs detcore's dependencies and builds detcore._C in place (pip editable install).
 # Safe to re-run: pip skips what is installed and ninja rebuilds only what changed.
-#   FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="8.0;9.0"  compile the CUDA kernels without a visible GPU
+#   FORCE_CUDA=1  compile the CUDA kernels without a visible GPU (for the GPUs README's Install
+#                 section lists; TORCH_CUDA_ARCH_LIST="9.0" for one arch, a quicker build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -10,9 +11,9 @@ PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c "import torch" 2>/dev/null; then
   "$PYTHON" -m pip install torch torchvision
 fi
-# tensorboard and onnx, onnxruntime, onnxscript (export) are optional for users; installed here so
-# the tests run them too.
-"$PYTHON" -m pip install "setuptools>=64" wheel yacs numpy pycocotools opencv-python-headless ninja pytest hypothesis imgviz tensorboard onnx onnxruntime onnxscript
+# tensorboard, onnx, onnxruntime, onnxscript (export) and openvino (its format) are optional for
+# users; installed here so the tests run them too.
+"$PYTHON" -m pip install "setuptools>=64" wheel yacs numpy pycocotools opencv-python-headless matplotlib ninja pytest hypothesis imgviz tensorboard onnx onnxruntime onnxscript openvino
 # cityscapesscripts: the Cityscapes label table, polygon drawing and instance AP (the loader and
 # evaluator call its functions; nothing is downloaded).
 "$PYTHON" -m pip install cityscapesscripts

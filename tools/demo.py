@@ -3,6 +3,7 @@
 
     python tools/demo.py --config-file configs/e2e_mask_rcnn_R_18_FPN_shapes.yaml \
         --input imgs/ "more/*.jpg" one.png --output out/ MODEL.WEIGHTS model_final.pth
+    python tools/demo.py --model torchvision/mask_rcnn_R_50_FPN --input photo.jpg --output out/
 """
 import argparse
 import os
@@ -11,17 +12,20 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from detcore.config import get_cfg  # noqa: E402
-from detcore.data import MetadataCatalog  # noqa: E402
 from detcore.engine import Predictor  # noqa: E402
-from detcore.engine.demo import collect_image_paths, visualize_images  # noqa: E402
+from detcore.engine.demo import collect_image_paths, demo_config, demo_metadata, visualize_images  # noqa: E402
 from detcore.utils.argtypes import integer, number  # noqa: E402
 from detcore.utils.logger import setup_logger  # noqa: E402
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config-file", required=True, metavar="FILE", help="path to the yaml config")
+    parser.add_argument("--config-file", metavar="FILE", help="path to the yaml config (default: the --model's preset)")
+    parser.add_argument(
+        "--model", metavar="NAME",
+        help="a model zoo name (e.g. torchvision/mask_rcnn_R_50_FPN; python -m detcore.checkpoint lists "
+        "them): its weights, downloaded once, and its preset config unless --config-file is given",
+    )
     parser.add_argument("--input", required=True, nargs="+", help="image files, folders or glob patterns")
     parser.add_argument("--output", required=True, help="folder for the PNGs (created if missing)")
     parser.add_argument(
@@ -51,6 +55,8 @@ def parse_args(argv=None):
             break
     if not args.input:
         parser.error("--input needs at least one image file, folder or glob pattern")
+    if not args.config_file and not args.model:
+        parser.error("give --config-file FILE, --model NAME (a model zoo name), or both")
     return args
 
 
@@ -60,25 +66,20 @@ _CONFIG_KEY = re.compile(r"^[A-Z][A-Z0-9_]*(\.[A-Z0-9_]+)+$")
 def main():
     args = parse_args()
     setup_logger()
-    cfg = get_cfg()
-    cfg.merge_from_file(args.config_file)
-    cfg.merge_from_list(args.opts)
+    cfg = demo_config(args.config_file, args.model, args.opts)
     cfg.freeze()
     if not cfg.MODEL.WEIGHTS and not args.allow_random_weights:
         raise SystemExit(
             "demo: MODEL.WEIGHTS is empty, so the model would have random weights and draw noise. Give the "
-            "checkpoint (MODEL.WEIGHTS path/to/model_final.pth), or add --allow-random-weights if that is the intent."
+            "checkpoint (MODEL.WEIGHTS path/to/model_final.pth, or --model NAME), or add --allow-random-weights "
+            "if that is the intent."
         )
     paths = collect_image_paths(args.input)
     if args.max_images > 0:
         paths = paths[: args.max_images]
-    # Class names, and the keypoint names and skeleton to draw, from the test dataset's metadata.
-    meta = MetadataCatalog.get(cfg.DATASETS.TEST[0]) if cfg.DATASETS.TEST else None
-    get = (lambda key: meta.get(key)) if meta is not None else (lambda key: None)
     written = visualize_images(
-        Predictor(cfg), paths, args.output, get("thing_classes"), args.confidence_threshold, args.picture_min_size,
-        keypoint_names=get("keypoint_names"), keypoint_skeleton=get("keypoint_skeleton"),
-        keypoint_threshold=args.keypoint_threshold,
+        Predictor(cfg), paths, args.output, score_threshold=args.confidence_threshold, min_size=args.picture_min_size,
+        keypoint_threshold=args.keypoint_threshold, **demo_metadata(cfg),
     )
     print(f"Wrote {len(written)} picture(s) to {os.path.abspath(args.output)}")
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Export a detector to TorchScript (.ts), torch.export's ExportedProgram (.pt2) or ONNX (.onnx), with export.json.
+"""Export a detector to TorchScript (.ts), torch.export's ExportedProgram (.pt2), ONNX (.onnx) or OpenVINO (.xml), with export.json.
 
     python tools/export_model.py --config-file configs/e2e_mask_rcnn_R_18_FPN_shapes.yaml \
         --format onnx --output exported/ MODEL.WEIGHTS output/e2e_mask_rcnn_R_18_FPN_shapes/model_final.pth
@@ -63,7 +63,7 @@ def main(argv=None):
         )
     try:  # before the model is built and traced: the format, settings and folder can be refused now
         check_export_request(cfg, args.format, args.output, args.overwrite)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, ImportError) as e:
         raise SystemExit(str(e)) from None
     model = build_model(cfg).eval()
     if cfg.MODEL.WEIGHTS:

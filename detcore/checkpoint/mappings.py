@@ -327,18 +327,27 @@ def convert_detectron2(state_dict, out: ConvertedCheckpoint) -> None:
 
 # --- caffe2 (Detectron, MSRA ImageNet) ----------------------------------------------------------
 
-# Each rule gives (detcore module, caffe2 leaf letter, norm kind or None).
+# Each rule gives (detcore module, caffe2 leaf, norm kind or None). A norm is Detectron's
+# AffineChannel (scale _s, shift _b: "bn") or, in the ImageNet pickles of detectron2's model zoo
+# (MSRA R-50.pkl, R-101.pkl, FAIR X-101-32x8d.pkl, which keep BatchNorm unfused), a BatchNorm with
+# its statistics (_bn_gamma, _bn_beta, _bn_running_mean, _bn_running_var; also spelled _bn_s,
+# _bn_b, _bn_rm, _bn_riv): such a norm brings its own statistics, and none is synthesized.
+_NORM_LEAF = r"(s|b|gamma|beta|rm|riv|running_mean|running_var)"
 _C2_RULES = [
     rule(r"^conv1_([wb])$", lambda m: ("stem.conv1", m[1], None)),
-    rule(r"^res_conv1_(bn|gn)_([sb])$", lambda m: ("stem.bn1", m[2], m[1])),
+    rule(rf"^res_conv1_(bn|gn)_{_NORM_LEAF}$", lambda m: ("stem.bn1", m[2], m[1])),
     rule(r"^(res\d)_(\d+)_branch2([abc])_([wb])$",
           lambda m: (f"{m[1]}.{m[2]}.conv{'abc'.index(m[3]) + 1}", m[4], None)),
-    rule(r"^(res\d)_(\d+)_branch2([abc])_(bn|gn)_([sb])$",
+    rule(rf"^(res\d)_(\d+)_branch2([abc])_(bn|gn)_{_NORM_LEAF}$",
           lambda m: (f"{m[1]}.{m[2]}.bn{'abc'.index(m[3]) + 1}", m[5], m[4])),
     rule(r"^(res\d)_(\d+)_branch1_([wb])$", lambda m: (f"{m[1]}.{m[2]}.downsample.0", m[3], None)),
-    rule(r"^(res\d)_(\d+)_branch1_(bn|gn)_([sb])$", lambda m: (f"{m[1]}.{m[2]}.downsample.1", m[4], m[3])),
+    rule(rf"^(res\d)_(\d+)_branch1_(bn|gn)_{_NORM_LEAF}$", lambda m: (f"{m[1]}.{m[2]}.downsample.1", m[4], m[3])),
 ]  # fmt: skip
-_C2_LEAF = {"w": "weight", "b": "bias", "s": "weight"}
+_C2_LEAF = {
+    "w": "weight", "b": "bias", "s": "weight", "gamma": "weight", "beta": "bias",
+    "rm": "running_mean", "running_mean": "running_mean", "riv": "running_var", "running_var": "running_var",
+}  # fmt: skip
+_STAT_LEAVES = ("rm", "riv", "running_mean", "running_var")
 # detcore's FrozenBatchNorm2d eps: running_var = 1 - eps makes its scale exactly the weight.
 FROZEN_BN_EPS = 1e-5
 
@@ -350,7 +359,7 @@ def convert_caffe2_blobs(
     ``stage_prefixes`` entry, e.g. a C4 model's res5 in its ROI heads) and, for detection
     checkpoints, ``head_rules``: (pattern, match -> (detcore module, leaf letter)) tried first."""
     stage_prefixes = stage_prefixes or {}
-    affine_norms = {}
+    affine_norms, with_stats = {}, set()
     for key, tensor in state_dict.items():
         if key.endswith("_momentum"):
             out.dropped.append((key, "optimizer state"))
@@ -371,12 +380,15 @@ def convert_caffe2_blobs(
                     module, leaf, norm = rename(m)
                     module = stage_prefixes.get(module.split(".", 1)[0], body_prefix) + module
                     out.add(f"{module}.{_C2_LEAF[leaf]}", tensor, key)
-                    if norm == "bn":
+                    if norm == "bn" and leaf in _STAT_LEAVES:
+                        with_stats.add(module)
+                    elif norm == "bn":
                         affine_norms[module] = (tensor.shape[0], key.rsplit("_", 1)[0])
                     break
             else:
                 out.unknown[key] = tuple(tensor.shape)
     # caffe2's AffineChannel is a norm with fixed scale and shift only: give it identity statistics.
+    affine_norms = {k: v for k, v in affine_norms.items() if k not in with_stats}
     for module, (channels, source) in affine_norms.items():
         for leaf, value in (("running_mean", 0.0), ("running_var", 1.0 - FROZEN_BN_EPS)):
             name = f"{module}.{leaf}"

@@ -502,6 +502,10 @@ _C.TEST.IMS_PER_BATCH = 1
 # bfloat16 pays on CPUs with native support (AMX or AVX512-BF16; `python -m
 # detcore.utils.collect_env` says) and on CUDA GPUs from Ampere on; elsewhere it is emulated and slow.
 _C.TEST.PRECISION = "float32"
+# Draw pictures of each COCO-style evaluation next to its coco_eval_metrics.json (per-class
+# precision-recall curves, per-category AP bars, a confusion matrix, a gallery of the images with
+# the most errors; see detcore/evaluation/pictures.py). False: only the numbers.
+_C.TEST.EVAL_PICTURES = True
 
 _C.TEST.AUG = CN()
 # Test-time augmentation in evaluation (tools/test_net.py and the trainer): every short side of

@@ -6,6 +6,7 @@ namespace detcore {
 // Defined in cuda/build_info.cu, where nvcc provides the facts.
 int64_t cuda_runtime_version_compiled();
 std::string cuda_arch_list_compiled();
+int64_t cuda_ptx_arch_compiled();
 #endif
 
 int64_t cuda_version() {
@@ -21,6 +22,14 @@ std::string cuda_arch_list() {
   return cuda_arch_list_compiled();
 #else
   return "";
+#endif
+}
+
+int64_t cuda_ptx_arch() {
+#ifdef WITH_CUDA
+  return cuda_ptx_arch_compiled();
+#else
+  return 0;
 #endif
 }
 

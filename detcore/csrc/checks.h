@@ -70,14 +70,15 @@ inline void check_batched_nms_inputs(
 }
 
 // batched_nms's category ids as int64, the kernels' type. Floating ids, which torchvision accepts,
-// are numbered by value (equal values, one category); NaN or infinite ones are refused. Bool ids
-// are categories 0 and 1.
-inline at::Tensor category_ids(const at::Tensor& idxs) {
+// are numbered by value (equal values, one category); NaN or infinite ones are refused, unless
+// check_values is false (value_checks.h). Bool ids are categories 0 and 1. Integer ids cost no
+// sync on a GPU; floating ones cost the check's and _unique2's.
+inline at::Tensor category_ids(const at::Tensor& idxs, bool check_values = true) {
   if (!idxs.is_floating_point()) {
     return idxs.to(at::kLong);
   }
   DETCORE_CHECK_ARG(
-      at::isfinite(idxs).all().item<bool>(),
+      !check_values || at::isfinite(idxs).all().item<bool>(),
       "batched_nms: floating category ids (idxs) must be finite, got NaN or infinite values");
   return std::get<1>(at::_unique2(idxs, /*sorted=*/true, /*return_inverse=*/true));
 }
@@ -168,13 +169,18 @@ inline int64_t check_rois(
   return sampling_ratio > 0 ? sampling_ratio * sampling_ratio : static_cast<int64_t>(v[3]);
 }
 
+// The checks of an op with rois. With read_values false (a CUDA launcher on the unchecked path,
+// value_checks.h) the rois' values are not read (check_rois is skipped) and 0 is returned.
 inline int64_t check_roi_align_inputs(
     const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
-    int64_t pooled_width, int64_t sampling_ratio, bool aligned) {
+    int64_t pooled_width, int64_t sampling_ratio, bool aligned, bool read_values = true) {
   DETCORE_CHECK_ARG(
       input.dim() == 4, "roi_align: input must have shape [N, C, H, W], got ", input.sizes());
   check_roi_align_common(
       "roi_align", input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio);
+  if (!read_values) {
+    return 0;
+  }
   return check_rois(
       "roi_align", rois, input.size(0), spatial_scale, pooled_height, pooled_width, sampling_ratio,
       aligned);
@@ -183,7 +189,7 @@ inline int64_t check_roi_align_inputs(
 inline int64_t check_roi_align_backward_inputs(
     const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
     int64_t pooled_width, int64_t batch_size, int64_t channels, int64_t height, int64_t width,
-    int64_t sampling_ratio, bool aligned) {
+    int64_t sampling_ratio, bool aligned, bool read_values = true) {
   DETCORE_CHECK_ARG(
       batch_size >= 0 && channels >= 0 && height >= 0 && width >= 0,
       "roi_align backward: the input shape must be non-negative, got [", batch_size, ", ",
@@ -199,6 +205,9 @@ inline int64_t check_roi_align_backward_inputs(
   check_roi_align_common(
       "roi_align backward", grad, rois, spatial_scale, pooled_height, pooled_width,
       sampling_ratio);
+  if (!read_values) {
+    return 0;
+  }
   return check_rois(
       "roi_align backward", rois, batch_size, spatial_scale, pooled_height, pooled_width,
       sampling_ratio, aligned);
@@ -216,21 +225,25 @@ inline void check_roi_pool_plane(const char* op, int64_t height, int64_t width) 
 
 inline void check_roi_pool_inputs(
     const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
-    int64_t pooled_width) {
+    int64_t pooled_width, bool read_values = true) {
   DETCORE_CHECK_ARG(
       input.dim() == 4, "roi_pool: input must have shape [N, C, H, W], got ", input.sizes());
   // roi_align's checks of rois, dtypes, devices, output_size and spatial_scale (no sampling).
   check_roi_align_common("roi_pool", input, rois, spatial_scale, pooled_height, pooled_width, 0);
   check_roi_pool_plane("roi_pool", input.size(2), input.size(3));
+  if (!read_values) {
+    return;
+  }
   check_rois("roi_pool", rois, input.size(0), spatial_scale, pooled_height, pooled_width, 1, false);
 }
 
 // The backward also reads argmax, whose offsets say where each gradient lands: each must be -1
-// (nothing pooled) or a pixel of the plane. Checked with the rois in one transfer to the host.
+// (nothing pooled) or a pixel of the plane. Checked with the rois in one transfer to the host,
+// unless read_values is false (as for check_roi_align_inputs).
 inline void check_roi_pool_backward_inputs(
     const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
     double spatial_scale, int64_t pooled_height, int64_t pooled_width, int64_t batch_size,
-    int64_t channels, int64_t height, int64_t width) {
+    int64_t channels, int64_t height, int64_t width, bool read_values = true) {
   const char* op = "roi_pool backward";
   DETCORE_CHECK_ARG(
       batch_size >= 0 && channels >= 0 && height >= 0 && width >= 0, op,
@@ -255,7 +268,7 @@ inline void check_roi_pool_backward_inputs(
       argmax.device() == grad.device(), op, ": argmax must be on the device of grad, got ",
       argmax.device(), " and ", grad.device());
   check_roi_pool_plane(op, height, width);
-  if (rois.size(0) == 0) {
+  if (!read_values || rois.size(0) == 0) {
     return;
   }
   auto r = rois.to(at::kDouble);

@@ -4,10 +4,33 @@
 #include <Python.h>
 
 #include "argument_error_type.h"
+#include "value_checks.h"
+
+// The calling thread's value-checks switch (value_checks.h), for detcore.layers.trusted_inputs.
+// Plain functions, not ops: tracers (torch.compile, torch.export) never see them.
+static PyObject* value_checks_enabled(PyObject*, PyObject*) {
+  return PyBool_FromLong(detcore::value_checks_enabled());
+}
+
+static PyObject* set_value_checks_enabled(PyObject*, PyObject* enabled) {
+  const int value = PyObject_IsTrue(enabled);
+  if (value < 0) {
+    return nullptr;
+  }
+  return PyBool_FromLong(detcore::set_value_checks_enabled(value != 0));
+}
+
+static PyMethodDef detcore_c_methods[] = {
+    {"_value_checks_enabled", value_checks_enabled, METH_NOARGS,
+     "Whether detcore's CUDA ops check argument values on this thread."},
+    {"_set_value_checks_enabled", set_value_checks_enabled, METH_O,
+     "Turn this thread's value checks on or off; returns the previous state."},
+    {nullptr, nullptr, 0, nullptr},
+};
 
 static struct PyModuleDef detcore_c_module = {
     PyModuleDef_HEAD_INIT, "_C",
-    "Compiled kernels of detcore, reached through torch.ops.detcore.*", -1, nullptr,
+    "Compiled kernels of detcore, reached through torch.ops.detcore.*", -1, detcore_c_methods,
 };
 
 PyMODINIT_FUNC PyInit__C(void) {

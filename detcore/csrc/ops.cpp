@@ -57,6 +57,7 @@ TORCH_LIBRARY(detcore, m) {
   // What this binary was built with, for collect_env and for clear errors.
   m.def("_cuda_version() -> int", &cuda_version);
   m.def("_cuda_arch_list() -> str", &cuda_arch_list);
+  m.def("_cuda_ptx_arch() -> int", &cuda_ptx_arch);
   // The SIMD instruction set the vectorized CPU kernels run with here (cpu/isa_dispatch.h).
   m.def("_cpu_capability() -> str", [] { return std::string(cpu_isa_name(cpu_isa())); });
 }

@@ -11,7 +11,7 @@ from .build import (
     make_detection_train_loader,
     trivial_batch_collator,
 )
-from .catalog import DatasetCatalog, DatasetNotRegisteredError, Metadata, MetadataCatalog
+from .catalog import DatasetCatalog, DatasetNotRegisteredError, Metadata, MetadataCatalog, dataset_folder_name
 from .dataset_mapper import DatasetMapper, build_augmentation
 from .datasets import (
     SHAPES_CLASSES,
@@ -36,6 +36,7 @@ __all__ = [
     "DatasetNotRegisteredError",
     "Metadata",
     "MetadataCatalog",
+    "dataset_folder_name",
     "DatasetFromList",
     "MapDataset",
     "DatasetMapper",

@@ -5,11 +5,21 @@ A dataset is registered as a *function*, not as data, so registering is free and
 read from disk until ``DatasetCatalog.get(name)`` is called -- this is what lets the built-in
 names (``coco_2017_train``, ``shapes_train``...) exist in every process without costing
 anything. A record ("dataset dict") is a plain dict; see ``datasets/coco.py`` for its fields.
+
+A name of the form ``<scheme>:<rest>`` whose scheme is registered with ``register_name_scheme``
+(``coco:JSON[:IMAGE_ROOT]`` and ``voc:FOLDER[:SPLIT]``, see ``datasets/data_names.py``) names data
+on disk: the first ``DatasetCatalog.get`` or ``MetadataCatalog.get`` of it registers it in both
+catalogs, so a config or a command line can name a user's data with no code.
 """
 import difflib
-from typing import Any, Callable, Dict, List
+import hashlib
+import re
+from typing import Any, Callable, Dict, List, Tuple
 
-__all__ = ["DatasetCatalog", "MetadataCatalog", "Metadata", "DatasetNotRegisteredError"]
+__all__ = [
+    "DatasetCatalog", "MetadataCatalog", "Metadata", "DatasetNotRegisteredError", "register_name_scheme",
+    "dataset_folder_name",
+]
 
 
 class DatasetNotRegisteredError(KeyError):
@@ -24,7 +34,55 @@ def _unknown_name_message(kind: str, name: str, known: List[str]) -> str:
     close = difflib.get_close_matches(str(name), known, n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
     listing = ", ".join(sorted(known)) or "(none)"
-    return f"{kind} '{name}' is not registered.{hint} Registered datasets: {listing}"
+    schemes = " or ".join(syntax for _, syntax in _SCHEMES.values())
+    own = f". Name your own data as {schemes}" if schemes else ""
+    return f"{kind} '{name}' is not registered.{hint} Registered datasets: {listing}{own}"
+
+
+# scheme -> (function registering a name of that scheme in both catalogs, its syntax for messages).
+# The loaders register their schemes (this module must not import them: they import it).
+_SCHEMES: Dict[str, Tuple[Callable[[str], None], str]] = {}
+_registering: set = set()
+
+
+def register_name_scheme(scheme: str, register: Callable[[str], None], syntax: str) -> None:
+    """Make names ``<scheme>:...`` register themselves on first use: ``register(name)`` is called
+    with the whole name and must register it in ``DatasetCatalog`` and ``MetadataCatalog`` (or
+    raise, naming what is wrong). ``syntax`` (e.g. ``"coco:JSON[:IMAGE_ROOT]"``) is quoted in
+    the error of an unknown name."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", scheme):
+        raise ValueError(f"register_name_scheme: scheme must be lowercase letters, digits or '_', got {scheme!r}")
+    if scheme in _SCHEMES:
+        raise KeyError(f"register_name_scheme: scheme '{scheme}' is already registered")
+    _SCHEMES[scheme] = (register, syntax)
+
+
+def _register_on_first_use(name: str) -> None:
+    """Register ``name`` through its scheme when it has one and is not registered yet."""
+    if not isinstance(name, str) or name in DatasetCatalog or name in _registering:
+        return
+    scheme, sep, _ = name.partition(":")
+    if not sep or scheme not in _SCHEMES:
+        return
+    _registering.add(name)  # the scheme's function looks the name up in MetadataCatalog itself
+    try:
+        _SCHEMES[scheme][0](name)
+    finally:
+        _registering.discard(name)
+
+
+def dataset_folder_name(name: str) -> str:
+    """A file name standing for dataset ``name`` (its folder under OUTPUT_DIR/inference/): the
+    name itself when it is one already, else its characters outside ``[A-Za-z0-9._-]`` replaced
+    by '_' (of a long name, its first 20 and last 60 characters) and 8 hex digits of its hash
+    appended, so that two names never share a folder (``coco:/data/a/val.json`` ->
+    ``coco_data_a_val.json_<hash>``)."""
+    if re.fullmatch(r"[A-Za-z0-9._-]+", name) and name not in (".", ".."):
+        return name
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")
+    if len(safe) > 80:
+        safe = f"{safe[:20]}__{safe[-60:]}"
+    return f"{safe}_{hashlib.sha256(name.encode('utf-8')).hexdigest()[:8]}"
 
 
 class _DatasetCatalog:
@@ -48,6 +106,7 @@ class _DatasetCatalog:
 
     def get(self, name: str) -> List[dict]:
         """Call the loader of ``name`` and return its records (a fresh list on every call)."""
+        _register_on_first_use(name)
         if name not in self._loaders:
             raise DatasetNotRegisteredError(_unknown_name_message("Dataset", name, list(self._loaders)))
         records = self._loaders[name]()
@@ -67,6 +126,7 @@ class _DatasetCatalog:
         del self._loaders[name]
 
     def __contains__(self, name: str) -> bool:
+        """Whether ``name`` is registered now (a data name not yet used is not: asking reads nothing)."""
         return name in self._loaders
 
     def __repr__(self) -> str:
@@ -159,6 +219,7 @@ class _MetadataCatalog:
         self._table: Dict[str, Metadata] = {}
 
     def get(self, name: str) -> Metadata:
+        _register_on_first_use(name)
         if name not in self._table:
             self._table[name] = Metadata(name)
         return self._table[name]

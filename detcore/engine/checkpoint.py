@@ -13,7 +13,7 @@ tuples (``detcore.utils.comm.rng_states``) and no config object is pickled.
 
 ``load_model_weights(model, path)`` is the one entry point for initializing a model from a file
 (MODEL.WEIGHTS, the predictor, test_net); it reads and converts through detcore.checkpoint, so
-torchvision and detectron2 checkpoints work too.
+torchvision and detectron2 checkpoints work too, and model zoo names and URLs are downloaded.
 """
 import contextlib
 import glob
@@ -30,6 +30,7 @@ from torch import nn
 
 from detcore.checkpoint import LoadReport, convert_state_dict, load_converted_state_dict
 from detcore.checkpoint.io import load_checkpoint_object
+from detcore.checkpoint.model_zoo import resolve_weights
 from detcore.solver.resume import load_optimizer_state, load_scheduler_state
 from detcore.utils import comm
 
@@ -129,15 +130,19 @@ def load_checkpoint_file(path: str) -> Any:
     return load_checkpoint_object(os.fspath(path))
 
 
-def load_model_weights(model: nn.Module, path: str, *, strict: bool = False) -> LoadReport:
+def load_model_weights(model: nn.Module, path: str, *, strict: bool = False, all_ranks: bool = False) -> LoadReport:
     """Initialize ``model`` (or a DDP wrapper's module) from the weights in ``path``.
 
+    ``path`` is a file, or a model zoo name or URL (downloaded once into the cache and verified:
+    detcore.checkpoint.model_zoo.resolve_weights; ``all_ranks`` says every rank of the process
+    group calls this together, so rank 0 downloads while the others wait).
     Any checkpoint format detcore.checkpoint recognizes works (detcore, torchvision, detectron2,
     ImageNet ResNets): tensors are renamed for the model, and those whose name and shape fit are
     copied; the rest are listed in the report, whose table is logged (a warning when anything
     did not load). ``strict=True`` raises ``ValueError`` instead of loading partially.
     """
     model = comm.unwrap_model(model)
+    path = resolve_weights(path, all_ranks=all_ranks)
     usable, report = load_converted_state_dict(path, model)
     if strict and not report.complete:
         raise ValueError(f"The weights in {path!r} do not match the model:\n{report.table()}")
@@ -386,5 +391,5 @@ class Checkpointer:
         if resume:
             logger.info("No checkpoint found in %s; starting from scratch", self.save_dir)
         if weights:
-            load_model_weights(self.model, weights)
+            load_model_weights(self.model, weights, all_ranks=True)  # every rank resumes or loads
         return {}

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from detcore.data import MetadataCatalog, build_detection_test_loader, build_detection_train_loader
+from detcore.data import MetadataCatalog, build_detection_test_loader, build_detection_train_loader, dataset_folder_name
 from detcore.data.samplers import TrainingBatchSampler
 from detcore.evaluation import (
     EVALUATOR_TYPES,
@@ -39,6 +39,7 @@ from detcore.utils.registry import build_from_config
 
 from . import hooks
 from .checkpoint import Checkpointer
+from .dataset_classes import check_dataset_classes
 from .divergence import DivergenceGuard
 from .events import CommonMetricPrinter, JSONWriter, TensorboardWriter
 from .inference import format_results, inference_on_dataset
@@ -193,6 +194,8 @@ class DefaultTrainer(TrainerBase):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
+        # Before hours of training: the test sets are checked now too.
+        check_dataset_classes(cfg, list(cfg.DATASETS.TRAIN) + list(cfg.DATASETS.TEST))
         model = self.build_model(cfg)
         optimizer = self.build_optimizer(cfg, model)
         data_loader = self.build_train_loader(cfg)
@@ -322,10 +325,11 @@ class DefaultTrainer(TrainerBase):
         instance AP and COCO AP. A ProposalNetwork is scored by its proposals' recall
         ("box_proposals", COCO-style on any of them); ``tasks`` picks COCOEvaluator tasks
         explicitly. Results go to OUTPUT_DIR/inference/<dataset> (<dataset>_TTA with
-        TEST.AUG.ENABLED)."""
+        TEST.AUG.ENABLED; a name that is no file name, e.g. coco:/data/val.json, as
+        ``dataset_folder_name`` spells it)."""
         if output_folder is None:
             suffix = "_TTA" if cfg.TEST.AUG.ENABLED else ""
-            output_folder = os.path.join(cfg.OUTPUT_DIR, "inference", dataset_name + suffix)
+            output_folder = os.path.join(cfg.OUTPUT_DIR, "inference", dataset_folder_name(dataset_name) + suffix)
         kind = MetadataCatalog.get(dataset_name).get("evaluator_type", "coco")
         if kind not in EVALUATOR_TYPES:
             raise NotImplementedError(
@@ -334,12 +338,13 @@ class DefaultTrainer(TrainerBase):
             )
         if tasks is None and issubclass(META_ARCH_REGISTRY.get(cfg.MODEL.META_ARCHITECTURE), ProposalNetwork):
             tasks = ("box_proposals",)
+        pictures = cfg.TEST.EVAL_PICTURES
         if tasks is not None:
-            return COCOEvaluator(dataset_name, tasks, output_folder, distributed=True, metadata_fn=MetadataCatalog.get)
+            return COCOEvaluator(dataset_name, tasks, output_folder, distributed=True, pictures=pictures)
         if kind == "pascal_voc":
             return PascalVOCDetectionEvaluator(dataset_name, output_folder, distributed=True)
         tasks = ("bbox",) + (("segm",) if cfg.MODEL.MASK_ON else ()) + (("keypoints",) if cfg.MODEL.KEYPOINT_ON else ())
-        coco = COCOEvaluator(dataset_name, tasks, output_folder, distributed=True, metadata_fn=MetadataCatalog.get)
+        coco = COCOEvaluator(dataset_name, tasks, output_folder, distributed=True, pictures=pictures)
         if kind == "cityscapes_instance":
             return DatasetEvaluators([CityscapesInstanceEvaluator(dataset_name, output_folder), coco])
         return coco
@@ -355,6 +360,7 @@ class DefaultTrainer(TrainerBase):
         names = list(cfg.DATASETS.TEST)
         if evaluators is not None and len(evaluators) != len(names):
             raise ValueError(f"test: got {len(evaluators)} evaluators for {len(names)} datasets {names}")
+        check_dataset_classes(cfg, names)
         results = OrderedDict()
         model = comm.unwrap_model(model)
         if cfg.TEST.AUG.ENABLED:

@@ -1,7 +1,8 @@
 """Pictures of a model's detections: what ``tools/demo.py`` does, as functions.
 
+    cfg = demo_config(model="torchvision/mask_rcnn_R_50_FPN")   # or config_file=..., opts=[...]
     paths = collect_image_paths(["imgs/", "more/*.jpg", "one.png"])
-    written = visualize_images(Predictor(cfg), paths, "out/", class_names=["circle", ...])
+    written = visualize_images(Predictor(cfg), paths, "out/", **demo_metadata(cfg))
 """
 import glob
 import logging
@@ -11,10 +12,13 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import cv2
 import numpy as np
 
+from detcore.checkpoint import model_zoo
+from detcore.config import get_cfg
+from detcore.data import MetadataCatalog
 from detcore.structures import Instances
 from detcore.utils.visualizer import draw_instances, upscale_factor
 
-__all__ = ["IMAGE_EXTENSIONS", "collect_image_paths", "visualize_images"]
+__all__ = ["IMAGE_EXTENSIONS", "collect_image_paths", "demo_config", "demo_metadata", "visualize_images"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +51,46 @@ def collect_image_paths(inputs: Sequence[str]) -> List[str]:
         paths += found
     seen = set()
     return [p for p in paths if not (os.path.abspath(p) in seen or seen.add(os.path.abspath(p)))]
+
+
+def demo_config(config_file: Optional[str] = None, model: Optional[str] = None, opts: Sequence[str] = ()):
+    """The demo's config: ``config_file`` merged, or without one the preset of catalog model
+    ``model`` (model_zoo.get_config: on the CPU when this machine has no GPU); ``model`` becomes
+    MODEL.WEIGHTS; ``opts`` (KEY VALUE ...) are merged last."""
+    if config_file:
+        cfg = get_cfg()
+        cfg.merge_from_file(config_file)
+        if model:
+            cfg.MODEL.WEIGHTS = model
+    elif model:
+        if model_zoo.lookup(model) is None and model.startswith(("https://", "http://")):
+            raise ValueError(f"--model {model} is a URL outside detcore's catalog: it has no preset, give --config-file too")
+        cfg = model_zoo.get_config(model)
+    else:
+        raise ValueError("give a config file (--config-file), a catalog model (--model), or both")
+    cfg.merge_from_list(list(opts))
+    return cfg
+
+
+def demo_metadata(cfg) -> dict:
+    """Names to draw with: ``class_names``, ``keypoint_names``, ``keypoint_skeleton``. Those of
+    the catalog entry MODEL.WEIGHTS names (what the weights predict; torchvision's models count
+    COCO category ids, not COCO's 80 classes) when its class count is the model's, else the
+    metadata of the first DATASETS.TEST."""
+    num_classes = cfg.MODEL.RETINANET.NUM_CLASSES if cfg.MODEL.META_ARCHITECTURE == "RetinaNet" else cfg.MODEL.ROI_HEADS.NUM_CLASSES
+    meta = {}
+    if model_zoo.lookup(cfg.MODEL.WEIGHTS) is not None:
+        meta = model_zoo.metadata(cfg.MODEL.WEIGHTS)
+        if len(meta.get("thing_classes", ())) != num_classes:
+            meta = {}
+    if not meta and cfg.DATASETS.TEST:
+        found = MetadataCatalog.get(cfg.DATASETS.TEST[0])
+        meta = {k: found.get(k) for k in ("thing_classes", "keypoint_names", "keypoint_skeleton")}
+    return {
+        "class_names": meta.get("thing_classes"),
+        "keypoint_names": meta.get("keypoint_names"),
+        "keypoint_skeleton": meta.get("keypoint_skeleton"),
+    }
 
 
 def _output_name(path: str, used: set) -> str:

@@ -1,7 +1,7 @@
 """Running a model over a dataset and handing its outputs to an evaluator.
 
     results = inference_on_dataset(model, build_detection_test_loader(cfg, "shapes_val"),
-                                   COCOEvaluator("shapes_val", metadata_fn=MetadataCatalog.get))
+                                   COCOEvaluator("shapes_val"))
     print(format_results(results))
 
 Each rank runs its shard of the loader; the evaluator gathers (COCOEvaluator with

@@ -8,7 +8,6 @@ to the last iteration (final checkpoint, final evaluation) happens in its ``afte
 a step that raised never reaches.
 """
 import logging
-import math
 import time
 import weakref
 from typing import Callable, Iterable, List, Optional

@@ -8,8 +8,8 @@ AP, AP50, AP75, APs, APm, APl (keypoints: AP, AP50, AP75, APm, APl, as COCO has 
 persons with keypoints) and per-category AP, in percent. Keypoint AP ranks detections by object
 keypoint similarity (OKS) with the dataset's per-keypoint constants (``keypoint_oks_sigmas``).
 
-The ground truth is a COCO json file, given directly or found through a ``metadata_fn`` that
-maps a dataset name to its metadata. Its unusable annotations (non-finite or absurd
+The ground truth is a COCO json file, given directly or found through the metadata of a dataset
+name (``MetadataCatalog``, or a ``metadata_fn`` given instead). Its unusable annotations (non-finite or absurd
 coordinates, empty boxes, no real polygon) are dropped with a logged count before pycocotools
 sees them, by the same rule as in training (``detcore.data.datasets.annotation_checks``). With no
 detections at all, AP is 0 wherever there is ground truth to miss.
@@ -35,6 +35,7 @@ from detcore.data.datasets.shapes import get_cache_dir
 from detcore.structures import Boxes, Instances
 from detcore.utils import strict_json
 
+from .error_analysis import precision_recall
 from .evaluator import DatasetEvaluator, predictions_to_evaluate
 from .proposal_recall import LIMITS, proposal_recall_metrics
 
@@ -215,7 +216,9 @@ class COCOEvaluator(DatasetEvaluator):
     """COCO box / mask / keypoint AP of instance predictions against a COCO json ground truth.
 
     Args:
-        dataset_name: path to the COCO json, or a dataset name that ``metadata_fn`` resolves.
+        dataset_name: path to the COCO json, or the name of a dataset: registered in
+            ``DatasetCatalog`` (``coco:JSON[:IMAGE_ROOT]`` / ``voc:FOLDER[:SPLIT]`` names register
+            themselves), or one that ``metadata_fn`` resolves.
         tasks: any of ``"bbox"``, ``"segm"``, ``"keypoints"``, ``"box_proposals"``. ``"segm"``
             (``"keypoints"``) is skipped (with a warning) when the predictions carry no masks
             (keypoints) or the ground truth has no segmentations (keypoints).
@@ -226,7 +229,7 @@ class COCOEvaluator(DatasetEvaluator):
         distributed: gather predictions from all ranks to rank 0 when torch.distributed is
             initialized; only rank 0 evaluates (the others return an empty dict).
         metadata_fn: ``name -> metadata`` (object or dict) with ``json_file`` and optionally
-            ``thing_dataset_id_to_contiguous_id``; e.g. ``MetadataCatalog.get``. A dataset whose
+            ``thing_dataset_id_to_contiguous_id``; default ``MetadataCatalog.get``. A dataset whose
             metadata names no ``json_file`` (one registered from code) is converted to a COCO
             json from its records (``convert_to_coco_json``), cached in ``output_dir`` (else in
             the detcore cache folder) and reused while the records stay the same.
@@ -238,6 +241,9 @@ class COCOEvaluator(DatasetEvaluator):
         kpt_oks_sigmas: the K per-keypoint OKS constants. Default: the metadata's
             ``keypoint_oks_sigmas``, else the json's (its categories' ``keypoint_oks_sigmas``, or
             COCO's for COCO's 17 person keypoints).
+        pictures: also draw the evaluation's pictures into ``output_dir`` (``pictures.py``:
+            precision-recall curves, per-category AP, confusion matrix, a gallery of the images
+            with the most errors, read from each input's ``file_name``).
 
     Only images passed to ``process`` are evaluated, so a run on part of a dataset is scored
     on that part (an image processed with zero detections still counts its ground truth).
@@ -256,6 +262,7 @@ class COCOEvaluator(DatasetEvaluator):
         per_category_ap: bool = True,
         use_fast_impl: bool = True,
         kpt_oks_sigmas: Optional[Sequence[float]] = None,
+        pictures: bool = True,
     ):
         if isinstance(tasks, str):
             tasks = (tasks,)
@@ -267,9 +274,12 @@ class COCOEvaluator(DatasetEvaluator):
         self._output_dir = output_dir
         self._distributed = distributed
         self._per_category_ap = per_category_ap
+        self._pictures = pictures
+        self._coco_evals: Dict[str, Any] = {}  # task -> its COCOeval, kept for the pictures
 
         json_file, metadata = self._resolve_json(dataset_name, metadata_fn, records_fn, output_dir)
         self._json_file = json_file
+        self._image_root = _meta_get(metadata, "image_root") if metadata is not None else None
         COCO, self._cocoeval_cls, self.backend = _coco_api(use_fast_impl)
         self._coco_gt = _load_ground_truth(COCO, json_file)
 
@@ -293,11 +303,20 @@ class COCOEvaluator(DatasetEvaluator):
         if os.path.isfile(name):
             return name, None
         if metadata_fn is None:
-            raise ValueError(
-                f"COCOEvaluator: '{name}' is not a json file; pass the path of a COCO json, or a "
-                f"dataset name together with metadata_fn (name -> metadata with json_file)"
-            )
-        metadata = metadata_fn(name)
+            from detcore.data import DatasetCatalog, MetadataCatalog
+
+            known = name in MetadataCatalog
+            metadata = MetadataCatalog.get(name)  # registers a coco: / voc: name on first use
+            if name not in DatasetCatalog and not metadata.has("json_file"):
+                if not known:
+                    MetadataCatalog.remove(name)  # the empty entry that get just made
+                raise ValueError(
+                    f"COCOEvaluator: '{name}' is neither a json file nor a registered dataset; pass the path of a "
+                    f"COCO json, a name registered in DatasetCatalog (or a coco:JSON[:IMAGE_ROOT] / "
+                    f"voc:FOLDER[:SPLIT] name), or metadata_fn (name -> metadata with json_file)"
+                )
+        else:
+            metadata = metadata_fn(name)
         json_file = _meta_get(metadata, "json_file")
         if not json_file:
             # A dataset registered from code: score it against its own records.
@@ -354,7 +373,7 @@ class COCOEvaluator(DatasetEvaluator):
                     f"{sorted(out)} (a ProposalNetwork gives 'proposals', a detector 'instances')"
                 )
             image_id = int(inp["image_id"])
-            record = {"image_id": image_id, "instances": []}
+            record = {"image_id": image_id, "instances": [], "file_name": inp.get("file_name")}
             if "instances" in needed:
                 record["instances"] = instances_to_coco_json(out["instances"], image_id, self._contiguous_to_dataset_id)
             if "proposals" in needed:
@@ -376,6 +395,7 @@ class COCOEvaluator(DatasetEvaluator):
             logger.info("COCOEvaluator: saved %d predictions to %s", len(coco_results), path)
 
         results = OrderedDict()
+        self._coco_evals = {}
         for task in self._tasks:
             if task == "box_proposals":
                 metrics = self._evaluate_box_proposals(records)
@@ -387,7 +407,25 @@ class COCOEvaluator(DatasetEvaluator):
         if self._output_dir:
             with open(os.path.join(self._output_dir, METRICS_FILE), "w") as f:
                 f.write(strict_json.dumps(results, indent=2))
+            if self._pictures and self._coco_evals:
+                self._draw_pictures(coco_results, image_ids, records)
+        self._coco_evals = {}
         return results
+
+    def _draw_pictures(self, coco_results: List[dict], image_ids: List[int], records: List[dict]) -> None:
+        """The evaluation pictures next to the metrics; a drawing problem is logged, never fatal
+        (the numbers are written already)."""
+        from .pictures import write_evaluation_pictures
+
+        cat_ids = [self._contiguous_to_dataset_id[k] for k in range(len(self._contiguous_to_dataset_id))]
+        files = {r["image_id"]: r["file_name"] for r in records if r.get("file_name")}
+        try:
+            write_evaluation_pictures(
+                self._output_dir, self._coco_gt, coco_results, self._coco_evals, image_ids, cat_ids, files,
+                self._image_root,
+            )
+        except Exception:  # a picture must never cost the evaluation's results
+            logger.exception("COCOEvaluator: could not draw the evaluation pictures")
 
     # --- evaluation -----------------------------------------------------------------------------
     def _unique_images(self, predictions: List[dict]) -> Tuple[List[int], List[dict], List[dict]]:
@@ -460,6 +498,7 @@ class COCOEvaluator(DatasetEvaluator):
             coco_eval.evaluate()
             coco_eval.accumulate()
         logger.debug("COCOeval (%s): %s", task, chatter.getvalue())
+        self._coco_evals[task] = coco_eval
         n = len(image_ids)
         print(f"COCO {task} evaluation ({self.backend}, {n} image{'s' if n != 1 else ''}):")
         coco_eval.summarize()  # prints the 12-number table
@@ -516,15 +555,8 @@ class COCOEvaluator(DatasetEvaluator):
         return metrics
 
     def _per_category(self, coco_eval) -> Dict[str, float]:
-        # precision: [iou thresholds, recall thresholds, categories, area ranges, max dets];
-        # area "all" is index 0, the largest max-dets is the last.
-        precision = coco_eval.eval["precision"]
-        out = {}
-        for k, cat_id in enumerate(coco_eval.params.catIds):
-            p = precision[:, :, k, 0, -1]
-            p = p[p > -1]
-            name = self._coco_gt.cats[cat_id]["name"]
-            out[f"AP-{name}"] = float(np.mean(p) * 100) if p.size else float("nan")
+        pr = precision_recall(coco_eval)
+        out = {f"AP-{name}": float(ap) for name, ap in zip(pr.names, pr.ap)}
         if out:
             logger.info(
                 "Per-category %s AP: %s", coco_eval.params.iouType,

@@ -1,13 +1,17 @@
-"""Exporting detcore: detectors to torch.export's ExportedProgram, TorchScript and ONNX
-(``export_model``, ``tools/export_model.py``), and the ops alone to ONNX.
+"""Exporting detcore: detectors to torch.export's ExportedProgram, TorchScript, ONNX and the
+OpenVINO IR (``export_model``, ``tools/export_model.py``), and the ops alone to ONNX; exports
+loaded and run (``load_exported``) and evaluated like the model (``ExportedDetector``,
+``tools/test_net.py --exported``).
 
 Importing this package teaches torch.onnx's TorchScript-based exporter detcore's ops; for the
 current exporter (dynamo=True) use ``export_onnx`` or pass ``onnx_translation_table()`` as its
 ``custom_translation_table``.
 """
+from .exported_detector import ExportedDetector, exported_config
 from .input_checks import InputContract, input_contracts
 from .model_export import FORMATS, check_export_request, export_model, program_to_onnx, trace_detector
 from .onnx_ops import OPSET, export_onnx, onnx_translation_table, register_onnx_symbolics, split_roi_pool
+from .runners import ExportedRunner, load_exported, read_export_metadata
 from .torchscript import script_exported_program
 from .wrapper import ExportableDetector, decode_keypoints, paste_masks, resize_for_model
 
@@ -15,6 +19,8 @@ register_onnx_symbolics()
 
 __all__ = [
     "ExportableDetector",
+    "ExportedDetector",
+    "ExportedRunner",
     "FORMATS",
     "InputContract",
     "OPSET",
@@ -22,10 +28,13 @@ __all__ = [
     "decode_keypoints",
     "export_model",
     "export_onnx",
+    "exported_config",
     "input_contracts",
+    "load_exported",
     "onnx_translation_table",
     "paste_masks",
     "program_to_onnx",
+    "read_export_metadata",
     "register_onnx_symbolics",
     "resize_for_model",
     "script_exported_program",

@@ -1,16 +1,19 @@
-"""Export a detcore detector to a file: torch.export's ExportedProgram (.pt2), TorchScript (.ts)
-or ONNX (.onnx), with a JSON beside it that says how to feed it and read its outputs.
+"""Export a detcore detector to a file: torch.export's ExportedProgram (.pt2), TorchScript (.ts),
+ONNX (.onnx) or the OpenVINO IR (.xml + .bin), with a JSON beside it that says how to feed it and
+read its outputs (runners.py loads and runs any of them from that JSON).
 
 The graph is ``ExportableDetector`` (see wrapper.py): one uint8 image of any height and width in,
 boxes / scores / classes (and M×M mask probabilities, S×S keypoint heatmaps) out; for a
 ProposalNetwork, proposal boxes and their objectness logits. TorchScript and ONNX are converted
 from the same ExportedProgram: TorchScript prints its graph (torchscript.py), ONNX translates it,
-with detcore's ops as NonMaxSuppression / RoiAlign (onnx_ops.py).
+with detcore's ops as NonMaxSuppression / RoiAlign (onnx_ops.py); OpenVINO converts that ONNX
+graph (openvino_format.py).
 
 TEST.PRECISION bfloat16 exports the graph autocast makes: bfloat16 convolutions and matrix
 products, float32 where the model keeps float32, the weights stored in float32 and cast in the
 graph (as autocast does in every eager call), float32 outputs. ExportedProgram and TorchScript
-hold it; ONNX is refused (onnxruntime cannot load a bfloat16 Conv).
+hold it; ONNX and OpenVINO are refused (onnxruntime cannot load a bfloat16 Conv; OpenVINO's
+CPU plugin chooses its precision at compile time, not from the graph).
 
 Every format refuses the inputs the graph cannot serve (wrong dtype or shape, an image below the
 smallest side), each as far as it can: see input_checks.py. What export_model refuses before
@@ -31,18 +34,23 @@ from detcore.utils import strict_json
 
 from .input_checks import add_onnx_input_checks, input_contracts
 from .onnx_ops import OPSET, onnx_translation_table, split_roi_pool
+from .openvino_format import import_openvino, onnx_to_openvino, openvino_version
 from .torchscript import script_exported_program
 from .wrapper import ExportableDetector
 
 __all__ = ["FORMATS", "check_export_request", "export_model", "program_to_onnx", "trace_detector"]
 
-FORMATS = ("torchscript", "exported_program", "onnx")
+FORMATS = ("torchscript", "exported_program", "onnx", "openvino")
 _HOW_TO_LOAD = {
     "torchscript": "import detcore (registers its ops), then torch.jit.load(file)",
     "exported_program": "import detcore (registers its ops), then torch.export.load(file).module()",
     "onnx": "onnxruntime.InferenceSession(file): standard ONNX ops only, no detcore needed",
+    "openvino": "openvino.Core().compile_model(file, 'CPU', {'INFERENCE_PRECISION_HINT': 'f32'}) (model.bin beside "
+    "it; without the hint the CPU plugin runs bfloat16 on CPUs that have it); no detcore needed",
 }
-_FILE_NAMES = {"torchscript": "model.ts", "exported_program": "model.pt2", "onnx": "model.onnx"}
+_FILE_NAMES = {"torchscript": "model.ts", "exported_program": "model.pt2", "onnx": "model.onnx", "openvino": "model.xml"}
+# Files a format writes besides its model file and export.json.
+_EXTRA_FILES = {"openvino": ("model.bin",)}
 # How each format refuses an input outside the rule (dtype, shape, smallest side): input_checks.py.
 _INPUT_CHECKS = {
     "torchscript": "in the graph: a ValueError saying what it takes",
@@ -50,6 +58,9 @@ _INPUT_CHECKS = {
     "'Guard failed: image.size()[1] >= min_side')",
     "onnx": "dtype, rank and channels by onnxruntime; sizes in the graph: the run fails at the node "
     "named 'input check: ...'",
+    "openvino": "rank and channels by OpenVINO; dtype by detcore.export.load_exported's runner (OpenVINO's Python "
+    "API converts another dtype to uint8 silently: feed uint8); sizes in the graph: the run fails at the Reshape "
+    "node named 'input check: ...'",
 }
 
 
@@ -93,7 +104,7 @@ def program_to_onnx(program: torch.export.ExportedProgram, args: tuple, output_n
 
 def _existing_export(output_dir: str, fmt: str) -> list:
     """The files of an export that writing ``fmt`` into ``output_dir`` would replace."""
-    names = (_FILE_NAMES[fmt], "export.json")
+    names = (_FILE_NAMES[fmt],) + _EXTRA_FILES.get(fmt, ()) + ("export.json",)
     return [name for name in names if os.path.lexists(os.path.join(output_dir, name))]
 
 
@@ -137,6 +148,23 @@ def _write_atomically(path: str, write) -> None:
             os.unlink(temporary)
 
 
+def _write_openvino_atomically(onnx_program, xml_path: str) -> None:
+    """The IR under temporary names, then renamed: the weights first, the .xml (what a reader
+    opens) last. The .xml finds its weights by its own name, so both keep the same stem."""
+    folder, name = os.path.split(xml_path)
+    stem = os.path.splitext(name)[0]
+    temporary = os.path.join(folder, ".partial." + name)
+    pairs = [(temporary[: -len(".xml")] + ".bin", os.path.join(folder, stem + ".bin")), (temporary, xml_path)]
+    try:
+        onnx_to_openvino(onnx_program, temporary)
+        for source, target in pairs:
+            os.replace(source, target)
+    finally:
+        for source, _ in pairs:
+            if os.path.lexists(source):
+                os.unlink(source)
+
+
 def check_export_request(cfg, fmt: str, output_dir: str, overwrite: bool = False) -> None:
     """What ``export_model`` refuses before tracing, checked on its own (tools/export_model.py
     calls it before building the model): the format, a precision or TEST.AUG setting the graph
@@ -144,12 +172,24 @@ def check_export_request(cfg, fmt: str, output_dir: str, overwrite: bool = False
     to. Creates ``output_dir`` if missing."""
     if fmt not in FORMATS:
         raise ValueError(f"export_model: format must be one of {FORMATS}, got {fmt!r}")
-    if fmt == "onnx" and cfg.TEST.PRECISION != "float32":
+    if fmt == "openvino":
+        try:  # refused now, with what to install, rather than after tracing
+            import_openvino()
+        except ImportError as e:
+            raise ImportError(f"export_model: {e}") from None
+        if any(cfg.MODEL.RESNETS.DEFORM_ON_PER_STAGE):
+            raise ValueError(
+                "export_model: OpenVINO cannot convert this model: MODEL.RESNETS.DEFORM_ON_PER_STAGE puts deformable "
+                "convolutions in it, exported as ONNX DeformConv, for which OpenVINO's ONNX frontend has no conversion. "
+                "Use --format onnx (onnxruntime runs DeformConv) or exported_program / torchscript."
+            )
+    if fmt in ("onnx", "openvino") and cfg.TEST.PRECISION != "float32":
         # Measured: the graph converts, but onnxruntime refuses to load it (its CPU provider has
         # no bfloat16 Conv; the standard's Conv takes none before opset 22, detcore writes OPSET).
         raise ValueError(
-            f"export_model: ONNX in TEST.PRECISION {cfg.TEST.PRECISION} is not supported: onnxruntime has no "
-            "bfloat16 Conv, so it cannot load such a model. Export ONNX with TEST.PRECISION float32, or use "
+            f"export_model: {'ONNX' if fmt == 'onnx' else 'OpenVINO'} in TEST.PRECISION {cfg.TEST.PRECISION} is not "
+            "supported: onnxruntime has no bfloat16 Conv, so it cannot load such a model (and OpenVINO, converted "
+            "from that ONNX, picks its precision when it compiles). Export with TEST.PRECISION float32, or use "
             "--format exported_program / torchscript, which keep the bfloat16 graph."
         )
     if cfg.TEST.AUG.ENABLED:
@@ -166,7 +206,8 @@ def export_model(
     cfg, model, fmt: str, output_dir: str, sample_image: Optional[torch.Tensor] = None,
     input_layout: str = "CHW", class_names=None, batch_size: Optional[int] = None, overwrite: bool = False,
 ) -> Dict[str, str]:
-    """Writes ``output_dir/model.ts``, ``model.pt2`` or ``model.onnx`` and ``output_dir/export.json``.
+    """Writes ``output_dir/model.ts``, ``model.pt2``, ``model.onnx`` or ``model.xml`` (+ ``model.bin``)
+    and ``output_dir/export.json``.
 
     Args:
         cfg: the config the model was built from (kept in the JSON).
@@ -199,9 +240,12 @@ def export_model(
     elif fmt == "torchscript":
         scripted = script_exported_program(program)
         _write_atomically(path, lambda temporary: torch.jit.save(scripted, temporary))
-    else:
+    elif fmt == "onnx":
         onnx_program = program_to_onnx(program, (image,), detector.output_names)
         _write_atomically(path, onnx_program.save)
+    else:
+        onnx_program = program_to_onnx(program, (image,), detector.output_names)
+        _write_openvino_atomically(onnx_program, path)
     metadata_path = os.path.join(output_dir, "export.json")
     text = strict_json.dumps(_metadata(cfg, detector, fmt, os.path.basename(path), class_names), indent=2)
 
@@ -261,11 +305,12 @@ def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class
             if detector.keypoint_on else None
         ),
         "box_legacy_plus_one": bool(cfg.MODEL.BOX_LEGACY_PLUS_ONE),
-        "onnx_opset": OPSET if fmt == "onnx" else None,
+        "onnx_opset": OPSET if fmt in ("onnx", "openvino") else None,
         "config": cfg.dump(),
         "versions": {
             "detcore": detcore.__version__,
             "torch": torch.__version__,
             "python": platform.python_version(),
+            **({"openvino": openvino_version()} if fmt == "openvino" else {}),
         },
     }

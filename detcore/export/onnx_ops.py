@@ -5,6 +5,11 @@
 - batched_nms → NonMaxSuppression over a class dimension: each box scores in its own category's
   row only, so categories never suppress each other (exact, unlike a coordinate offset), then the
   kept boxes are put back in decreasing score order (ties: lower index first).
+  Empty inputs: OpenVINO's CPU Unique on an empty tensor leaves its outputs as they were (the
+  previous inference's, or uninitialized memory: a class count in the billions, then a Range and
+  Where that fill the machine's memory), so Unique gets idxs' first value (0 for none) in front
+  and that value's number is dropped; C counts Unique's values (at least 1), not
+  ReduceMax(category) + 1 (OpenVINO's ReduceMax of an empty int64 tensor is INT32's lowest).
 - roi_align → RoiAlign (opset 16+), `aligned` as coordinate_transformation_mode half_pixel
   (True) or output_half_pixel (False); sampling_ratio <= 0 as 0 (adaptive).
 - roi_pool → MaxRoiPool (the same rounding of box corners and bins as torchvision's and ours).
@@ -114,9 +119,13 @@ def onnx_translation_table():
         return box_indices(selected)
 
     def batched_nms(boxes, scores, idxs, iou_threshold: float):
-        # Categories numbered 0..C-1 whatever idxs' dtype (bool, float, sparse ids).
-        _, _, category, _ = op.Unique(idxs, sorted=1)
-        classes = op.Add(op.ReduceMax(category, keepdims=1), op.Constant(value_ints=[1]))
+        # Categories numbered 0..C-1 whatever idxs' dtype (bool, float, sparse ids). Unique never
+        # sees an empty tensor: idxs' first value (0 when there is none) goes in front and its
+        # number is dropped, so C >= 1 and the numbering is unchanged (module docstring: empty inputs).
+        first = op.Slice(op.Concat(idxs, op.CastLike(op.Constant(value_ints=[0]), idxs), axis=0), [0], [1])
+        values, _, category, _ = op.Unique(op.Concat(first, idxs, axis=0), sorted=1)
+        category = op.Slice(category, [1], [_INT64_MAX])
+        classes = op.Shape(values)
         rows = op.Range(op.Constant(value_int=0), op.Squeeze(classes), op.Constant(value_int=1))
         member = op.Equal(op.Unsqueeze(category, op.Constant(value_ints=[0])), op.Unsqueeze(rows, op.Constant(value_ints=[1])))
         lowest = op.CastLike(op.Constant(value_float=float("-inf")), scores)
@@ -204,8 +213,11 @@ def _symbolics():
 
     @parse_args("v", "v", "v", "f")
     def batched_nms(g, boxes, scores, idxs, iou_threshold):
-        _, _, category, _ = g.op("Unique", idxs, sorted_i=1, outputs=4)
-        classes = g.op("Add", g.op("ReduceMax", category, keepdims_i=1), const(g, [1], torch.int64))
+        padded = g.op("Concat", idxs, g.op("CastLike", const(g, [0], torch.int64), idxs), axis_i=0)
+        first = g.op("Slice", padded, const(g, [0], torch.int64), const(g, [1], torch.int64))
+        values, _, category, _ = g.op("Unique", g.op("Concat", first, idxs, axis_i=0), sorted_i=1, outputs=4)
+        category = g.op("Slice", category, const(g, [1], torch.int64), const(g, [_INT64_MAX], torch.int64))
+        classes = g.op("Shape", values)
         rows = g.op(
             "Range", const(g, 0, torch.int64), g.op("Squeeze", classes), const(g, 1, torch.int64)
         )

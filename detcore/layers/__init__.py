@@ -12,6 +12,7 @@ from .nms import batched_nms, nms
 from .roi_align import ROIAlign, RoIAlign, roi_align
 from .roi_pool import ROIPool, RoIPool, roi_pool
 from .shape_spec import ShapeSpec
+from .value_checks import trusted_inputs, value_checks_enabled
 
 __all__ = [
     "OpArgumentError",
@@ -33,4 +34,6 @@ __all__ = [
     "c2_msra_fill",
     "c2_xavier_fill",
     "ShapeSpec",
+    "trusted_inputs",
+    "value_checks_enabled",
 ]

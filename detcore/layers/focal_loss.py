@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from ._extension import ensure_loaded
+from .value_checks import ValueChecks, value_checks_enabled
 
 
 def sigmoid_focal_loss(
@@ -90,7 +91,10 @@ def sigmoid_focal_loss_per_image(
             f"sigmoid_focal_loss_per_image: labels must be integers of shape [B={num_images}, R={total}] (the "
             f"levels' anchors), got {labels.dtype} {tuple(labels.shape)}"
         )
-    if labels.numel() and (int(labels.min()) < -1 or int(labels.max()) > num_classes):
+    # A value check (two syncs on a GPU), skipped inside trusted_inputs(); labels out of range
+    # index nothing: a class >= K counts as background, one < 0 as ignored.
+    check_values = not labels.is_cuda or value_checks_enabled()
+    if check_values and labels.numel() and (int(labels.min()) < -1 or int(labels.max()) > num_classes):
         raise ValueError(
             f"sigmoid_focal_loss_per_image: labels must lie in [-1, {num_classes}] (-1 ignored, {num_classes} "
             f"background), got values in [{int(labels.min())}, {int(labels.max())}]"
@@ -132,10 +136,16 @@ class _FocalLossPerImage(torch.autograd.Function):
             ignored.append((image, anchor))
         ctx.save_for_backward(*saved)
         ctx.ignored, ctx.alpha, ctx.gamma = ignored, alpha, gamma
+        ctx.value_checks = value_checks_enabled()  # the backward checks as the forward did
         return per_image
 
     @staticmethod
     def backward(ctx, grad):
+        with ValueChecks(ctx.value_checks):
+            return _FocalLossPerImage._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad):
         saved = ctx.saved_tensors
         # One value for all images (a plain sum or a shared normalizer): the op scales by it;
         # otherwise each image's rows are scaled after (d * 1 * w: the same product).

@@ -44,6 +44,14 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
     `nms`): torchvision's per-category answer. (torchvision's coordinate-offset path, which it
     takes up to 1000 boxes, makes every box NaN when one coordinate is NaN or infinite, and
     keeps them all.)
+
+    Memory on CUDA: NMS there builds a mask of which box suppresses which, a bit per pair. Up to
+    5000 boxes (and always for `nms`) it is one mask over all boxes, N * ceil(N / 64) 8-byte
+    words: at most 3.2 MB here. Above 5000 boxes (where torchvision's batched_nms changes strategy
+    too) only the pairs inside each category are tested and stored: for categories of m boxes
+    each, at most the sum of m * ceil(m / 64) words (about m**2 / 16 bytes per category), plus
+    O(N) for the sorting. 80 categories of 1000 boxes thus take 5.6 MB instead of 800 MB; one
+    category of N boxes still takes about N**2 / 16 bytes. Both ways give the same answer.
     """
     if not torch.jit.is_scripting():  # TorchScript cannot read the loader's state
         ensure_loaded()

@@ -4,6 +4,10 @@ Boxes are assigned with the FPN paper's rule (eq. 1): a box of the canonical siz
 ImageNet crop) goes to the canonical level (4, i.e. p4), and every halving of its side moves it one
 level down (finer). Each level is pooled with one `roi_align` call on the boxes it got, and the
 results are scattered back so the output rows follow the input boxes' order.
+
+The pooler builds the rois itself (each box's batch index is its image's), so its roi_align calls
+skip the value checks that cost a GPU sync (`detcore.layers.trusted_inputs`); a box with a NaN or
+infinite corner pools zeros there instead of raising.
 """
 import math
 from typing import List, Sequence
@@ -11,7 +15,7 @@ from typing import List, Sequence
 import torch
 from torch import Tensor, nn
 
-from detcore.layers import roi_align
+from detcore.layers import roi_align, trusted_inputs
 from detcore.structures import Boxes, to_legacy_plus_one
 from detcore.config.choices import LEVEL_MAPPERS
 
@@ -176,13 +180,14 @@ class ROIPooler(nn.Module):
         return output
 
     def _pool(self, features: Tensor, rois: Tensor, scale: float) -> Tensor:
-        if features.dtype in (torch.float16, torch.bfloat16):
-            # Box coordinates of a large image do not fit half precision (a 0.5 px step at 1000),
-            # so pool in float32 and hand back the features' dtype.
-            return roi_align(
-                features.float(), rois.float(), self.output_size, scale, self.sampling_ratio, self.aligned
-            ).to(features.dtype)
-        return roi_align(features, rois.to(features.dtype), self.output_size, scale, self.sampling_ratio, self.aligned)
+        with trusted_inputs():  # rois made by forward: no value checks (see the module's docstring)
+            if features.dtype in (torch.float16, torch.bfloat16):
+                # Box coordinates of a large image do not fit half precision (a 0.5 px step at
+                # 1000), so pool in float32 and hand back the features' dtype.
+                return roi_align(
+                    features.float(), rois.float(), self.output_size, scale, self.sampling_ratio, self.aligned
+                ).to(features.dtype)
+            return roi_align(features, rois.to(features.dtype), self.output_size, scale, self.sampling_ratio, self.aligned)
 
     def extra_repr(self) -> str:
         return (

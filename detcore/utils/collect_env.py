@@ -3,8 +3,9 @@
     python -m detcore.utils.collect_env
 
 Prints the versions that matter (Python, torch, CUDA, compilers, dependencies), whether
-detcore._C loaded, which kernels it carries (CPU, CUDA) and for which GPU archs it was built,
-and whether the CPU computes bfloat16 natively (what TEST.PRECISION bfloat16 needs to pay).
+detcore._C loaded, which kernels it carries (CPU, CUDA), for which GPU archs it was built and
+whether it carries PTX for newer ones, and whether the CPU computes bfloat16 natively (what
+TEST.PRECISION bfloat16 needs to pay).
 """
 import importlib
 import os
@@ -59,6 +60,15 @@ def _format_archs(raw):
     return ", ".join(f"sm_{int(a) // 10}" if a.isdigit() else a for a in archs) or "none"
 
 
+def _format_ptx(arch):
+    """torch.ops.detcore._cuda_ptx_arch()'s answer, for the report."""
+    if arch > 0:
+        return f"compute_{arch} (a GPU newer than the archs above compiles it at first use)"
+    if arch == 0:
+        return "none (runs only on the archs above and later minor versions of their major)"
+    return "unknown (built without detcore's setup.py)"
+
+
 def _extension_rows(torch):
     import detcore
     from detcore.layers import _extension
@@ -77,6 +87,7 @@ def _extension_rows(torch):
         major, minor = cuda_version // 1000, (cuda_version % 1000) // 10
         rows.append(("detcore._C built with CUDA", f"{major}.{minor}"))
         rows.append(("detcore._C CUDA archs", _format_archs(torch.ops.detcore._cuda_arch_list())))
+        rows.append(("detcore._C CUDA PTX", _format_ptx(torch.ops.detcore._cuda_ptx_arch())))
     return rows
 
 
@@ -107,7 +118,7 @@ def collect_env_rows():
             rows.append((f"GPU {i}", f"{torch.cuda.get_device_name(i)} (sm_{major}{minor})"))
         rows.append(("cuDNN", str(torch.backends.cudnn.version())))
     rows += _extension_rows(torch)
-    from detcore.utils.cuda_home import find_cuda_home
+    from detcore.utils.build_config import find_cuda_home
 
     cuda_home = find_cuda_home()
     rows.append(("CUDA toolkit", str(cuda_home)))

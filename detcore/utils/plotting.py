@@ -1,8 +1,9 @@
-"""Loss / learning-rate curves from a training ``metrics.json`` (one JSON object per line) as PNG.
+"""Charts as PNG files, drawn by matplotlib on its Agg canvas (no window, no pyplot state).
 
-matplotlib draws them when it is importable (through its Agg canvas: no window, no global
-pyplot state). It is not a dependency, so an OpenCV drawing with axes, ticks, labels and a
-legend stands in when it is missing.
+Every chart detcore draws goes through ``new_figure`` and ``save_figure`` here: the loss and
+learning-rate curves of a training run's ``metrics.json`` (``plot_loss_curves``), one metric of
+several runs side by side (``plot_runs_compared``), and the evaluation pictures
+(``detcore.evaluation.pictures``).
 """
 import json
 import logging
@@ -10,20 +11,39 @@ import math
 import os
 from typing import List, Optional, Sequence, Tuple
 
-import cv2
 import numpy as np
 
-__all__ = ["read_metrics", "plot_loss_curves", "plot_loss_records", "plot_runs_compared"]
+__all__ = [
+    "read_metrics", "plot_loss_curves", "plot_loss_records", "plot_runs_compared", "new_figure", "save_figure",
+    "PALETTE",
+]
 
 logger = logging.getLogger(__name__)
 
-# RGB; distinct on white, shared by both backends so the two pictures look alike.
-_PALETTE = [
-    (31, 119, 180), (214, 39, 40), (44, 160, 44), (255, 127, 14), (148, 103, 189),
-    (140, 86, 75), (227, 119, 194), (23, 190, 207), (127, 127, 127), (188, 189, 34),
-]
+# Line colours (matplotlib's "tab10"): distinct on white, the first for the curve that matters most.
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
 
 Series = Tuple[str, np.ndarray, np.ndarray]  # (name, iterations, values)
+
+
+def new_figure(width: float, height: float, dpi: int = 100, layout: Optional[str] = None):
+    """A matplotlib ``Figure`` of ``width`` x ``height`` inches on an Agg canvas. Built without
+    pyplot, so nothing needs a display and no figure is kept alive by a global registry.
+    ``layout``: matplotlib's layout engine ("constrained", "tight") or None."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=dpi, layout=layout)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_figure(fig, out_png: str) -> str:
+    """Write ``fig`` to ``out_png`` (its folder is created); returns the path."""
+    folder = os.path.dirname(os.path.abspath(out_png))
+    os.makedirs(folder, exist_ok=True)
+    fig.savefig(out_png, facecolor="white")
+    return out_png
 
 
 def read_metrics(path: str) -> List[dict]:
@@ -101,7 +121,7 @@ def plot_loss_records(
             f"value for any of the keys {keys}"
         )
     lr = _series(records, "lr")
-    return _render(losses, lr, title, out_png, "loss")
+    return save_figure(_curves_figure(losses, lr, title, "loss"), out_png)
 
 
 def plot_runs_compared(
@@ -119,167 +139,28 @@ def plot_runs_compared(
             curves.append((name, series[1], series[2]))
     if not curves:
         raise ValueError(f"plot_runs_compared: none of {list(metrics_paths.values())} has a finite '{key}'")
-    return _render(curves, None, title or f"{key} by run", out_png, ylabel or key)
+    return save_figure(_curves_figure(curves, None, title or f"{key} by run", ylabel or key), out_png)
 
 
-def _render(curves: List[Series], lr: Optional[Series], title: str, out_png: str, ylabel: str) -> str:
-    """Draw with matplotlib when it is importable, else with OpenCV; creates the folder."""
-    os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        _plot_cv2(curves, lr, title, out_png, ylabel)
-    else:
-        _plot_matplotlib(Figure, FigureCanvasAgg, curves, lr, title, out_png, ylabel)
-    return out_png
-
-
-# --- matplotlib -----------------------------------------------------------------------------------
-def _plot_matplotlib(Figure, FigureCanvasAgg, losses: List[Series], lr: Optional[Series], title: str, out_png: str, ylabel="loss"):
+def _curves_figure(curves: List[Series], lr: Optional[Series], title: str, ylabel: str):
+    """Curves against the iteration, a point marker where a curve has a single point; the
+    learning rate in a shorter panel below when given."""
     rows = 2 if lr is not None else 1
-    fig = Figure(figsize=(10, 7 if lr is not None else 5), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = new_figure(10, 7 if lr is not None else 5)
     axes = fig.subplots(rows, 1, sharex=True, squeeze=False, gridspec_kw={"height_ratios": [3, 1][:rows]})[:, 0]
-    for j, (name, xs, ys) in enumerate(losses):
-        color = tuple(c / 255 for c in _PALETTE[j % len(_PALETTE)])
-        axes[0].plot(xs, ys, label=name, color=color, linewidth=2.0 if name == "total_loss" else 1.2)
+    for j, (name, xs, ys) in enumerate(curves):
+        axes[0].plot(
+            xs, ys, label=name, color=PALETTE[j % len(PALETTE)], linewidth=2.0 if name == "total_loss" else 1.2,
+            marker="o" if len(xs) == 1 else None,
+        )
     axes[0].set_ylabel(ylabel)
     axes[0].legend(loc="upper right", fontsize=9)
     axes[0].set_title(title)
     if lr is not None:
-        axes[1].plot(lr[1], lr[2], color=tuple(c / 255 for c in _PALETTE[0]), linewidth=1.2)
+        axes[1].plot(lr[1], lr[2], color=PALETTE[0], linewidth=1.2, marker="o" if len(lr[1]) == 1 else None)
         axes[1].set_ylabel("learning rate")
     axes[-1].set_xlabel("iteration")
     for ax in axes:
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out_png)
-
-
-# --- OpenCV fallback ------------------------------------------------------------------------------
-_FONT = cv2.FONT_HERSHEY_SIMPLEX
-_BLACK, _GRID, _WHITE = (0, 0, 0), (225, 225, 225), (255, 255, 255)
-
-
-def _nice_ticks(lo: float, hi: float, count: int = 6) -> List[float]:
-    """Round tick values (steps of 1, 2 or 5 x 10^k) covering [lo, hi]."""
-    raw = (hi - lo) / max(1, count - 1)
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    first = math.ceil(lo / step - 1e-9) * step
-    ticks, t = [], first
-    while t <= hi + step * 1e-9:
-        ticks.append(0.0 if abs(t) < step * 1e-9 else t)
-        t += step
-    return ticks
-
-
-def _fmt(v: float) -> str:
-    return f"{v:.3g}"
-
-
-def _fmt_iteration(v: float) -> str:
-    # Iterations are integers; "1e+03" reads badly, and 90000 fits better as "90k".
-    if abs(v) >= 10000:
-        return f"{v / 1000:g}k"
-    return f"{v:.0f}" if float(v).is_integer() else f"{v:g}"
-
-
-def _value_range(arrays: List[np.ndarray]) -> Tuple[float, float]:
-    lo = min(float(a.min()) for a in arrays)
-    hi = max(float(a.max()) for a in arrays)
-    if hi - lo < 1e-12 * max(1.0, abs(hi)):
-        pad = abs(hi) * 0.1 or 1.0
-        return lo - pad, hi + pad
-    pad = (hi - lo) * 0.05
-    return lo - pad, hi + pad
-
-
-def _put_vertical_text(canvas: np.ndarray, text: str, center: Tuple[int, int], scale: float) -> None:
-    (tw, th), base = cv2.getTextSize(text, _FONT, scale, 1)
-    patch = np.full((th + base + 4, tw + 4, 3), 255, np.uint8)
-    cv2.putText(patch, text, (2, th + 2), _FONT, scale, _BLACK, 1, cv2.LINE_AA)
-    patch = cv2.rotate(patch, cv2.ROTATE_90_COUNTERCLOCKWISE)
-    ph, pw = patch.shape[:2]
-    y0 = max(0, center[1] - ph // 2)
-    x0 = max(0, center[0] - pw // 2)
-    region = canvas[y0:y0 + ph, x0:x0 + pw]
-    np.minimum(region, patch[: region.shape[0], : region.shape[1]], out=region)  # dark text wins
-
-
-def _draw_panel(canvas, rect, series: List[Series], colors, x_range, ylabel: str, show_x_labels: bool, legend: bool):
-    left, top, right, bottom = rect
-    x_lo, x_hi = x_range
-    y_lo, y_hi = _value_range([ys for _, _, ys in series])
-
-    def to_px(xs, ys):
-        px = left + (xs - x_lo) / (x_hi - x_lo) * (right - left)
-        py = bottom - (ys - y_lo) / (y_hi - y_lo) * (bottom - top)
-        return np.stack([px, py], axis=1)
-
-    for t in _nice_ticks(y_lo, y_hi):
-        y = int(round(bottom - (t - y_lo) / (y_hi - y_lo) * (bottom - top)))
-        cv2.line(canvas, (left, y), (right, y), _GRID, 1)
-        label = _fmt(t)
-        (tw, th), _ = cv2.getTextSize(label, _FONT, 0.42, 1)
-        cv2.putText(canvas, label, (left - tw - 6, y + th // 2), _FONT, 0.42, _BLACK, 1, cv2.LINE_AA)
-    for t in _nice_ticks(x_lo, x_hi, 8):
-        x = int(round(left + (t - x_lo) / (x_hi - x_lo) * (right - left)))
-        cv2.line(canvas, (x, top), (x, bottom), _GRID, 1)
-        if show_x_labels:
-            label = _fmt_iteration(t)
-            (tw, th), _ = cv2.getTextSize(label, _FONT, 0.42, 1)
-            cv2.putText(canvas, label, (x - tw // 2, bottom + th + 8), _FONT, 0.42, _BLACK, 1, cv2.LINE_AA)
-    cv2.rectangle(canvas, (left, top), (right, bottom), _BLACK, 1)
-    _put_vertical_text(canvas, ylabel, (left - 62, (top + bottom) // 2), 0.5)
-
-    for (name, xs, ys), color in zip(series, colors):
-        pts = to_px(xs, ys)
-        if len(pts) == 1:
-            cv2.circle(canvas, tuple(int(round(v)) for v in pts[0]), 3, color, -1, cv2.LINE_AA)
-            continue
-        width = 2 if name == "total_loss" else 1
-        # polylines takes fixed point: shift=4 keeps sub-pixel positions (coordinates x 16).
-        cv2.polylines(canvas, [np.round(pts * 16).astype(np.int32)], False, color, width, cv2.LINE_AA, shift=4)
-
-    if legend:
-        rows = [(name, color) for (name, _, _), color in zip(series, colors)]
-        sizes = [cv2.getTextSize(name, _FONT, 0.45, 1)[0] for name, _ in rows]
-        row_h = max(h for _, h in sizes) + 10
-        box_w = max(w for w, _ in sizes) + 46
-        x0, y0 = right - box_w - 10, top + 10
-        cv2.rectangle(canvas, (x0, y0), (x0 + box_w, y0 + row_h * len(rows) + 6), _WHITE, -1)
-        cv2.rectangle(canvas, (x0, y0), (x0 + box_w, y0 + row_h * len(rows) + 6), (160, 160, 160), 1)
-        for k, ((name, color), (_, h)) in enumerate(zip(rows, sizes)):
-            yc = y0 + 6 + row_h * k + row_h // 2
-            cv2.line(canvas, (x0 + 8, yc), (x0 + 34, yc), color, 2, cv2.LINE_AA)
-            cv2.putText(canvas, name, (x0 + 40, yc + h // 2), _FONT, 0.45, _BLACK, 1, cv2.LINE_AA)
-
-
-def _plot_cv2(losses: List[Series], lr: Optional[Series], title: str, out_png: str, ylabel="loss") -> None:
-    width, height = 1000, 720 if lr is not None else 520
-    canvas = np.full((height, width, 3), 255, np.uint8)
-    bgr = [tuple(reversed(c)) for c in _PALETTE]
-    all_x = [xs for _, xs, _ in losses] + ([lr[1]] if lr is not None else [])
-    x_lo = min(float(x.min()) for x in all_x)
-    x_hi = max(float(x.max()) for x in all_x)
-    if x_hi <= x_lo:
-        x_lo, x_hi = x_lo - 1, x_hi + 1
-
-    left, right = 100, width - 25
-    (tw, th), _ = cv2.getTextSize(title, _FONT, 0.6, 1)
-    cv2.putText(canvas, title, ((width - tw) // 2, 14 + th), _FONT, 0.6, _BLACK, 1, cv2.LINE_AA)
-    loss_bottom = height - 70 if lr is None else int(height * 0.64)
-    loss_colors = [bgr[j % len(bgr)] for j in range(len(losses))]
-    _draw_panel(canvas, (left, 45, right, loss_bottom), losses, loss_colors, (x_lo, x_hi), ylabel,
-                show_x_labels=lr is None, legend=True)
-    last_bottom = loss_bottom
-    if lr is not None:
-        last_bottom = height - 70
-        _draw_panel(canvas, (left, loss_bottom + 25, right, last_bottom), [lr], [bgr[0]], (x_lo, x_hi),
-                    "learning rate", show_x_labels=True, legend=False)
-    (tw, th), _ = cv2.getTextSize("iteration", _FONT, 0.5, 1)
-    cv2.putText(canvas, "iteration", ((left + right - tw) // 2, last_bottom + 50), _FONT, 0.5, _BLACK, 1, cv2.LINE_AA)
-    if not cv2.imwrite(out_png, canvas):
-        raise OSError(f"plot_loss_curves: could not write {out_png} (is the extension .png?)")
+    return fig

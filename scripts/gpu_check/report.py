@@ -85,6 +85,22 @@ def model_table(model: Dict) -> List[str]:
     return _table([""] + [label for _, label in columns], rows)
 
 
+def host_syncs_lines(syncs: Dict) -> List[str]:
+    """The host syncs of one training iteration (tests/modeling/test_model_value_checks.py)."""
+    lines = [f"Host syncs of one training iteration, {syncs.get('model', '?')}: {syncs.get('total')} "
+             f"({syncs.get('forward')} in the forward, {syncs.get('backward')} in the backward). "
+             "The forward's, by op:", ""]
+    rows = [[op, count] for op, count in syncs.get("forward_by_op", {}).items()]
+    if syncs.get("forward_outside_ops"):
+        rows.append(["(outside any op)", syncs["forward_outside_ops"]])
+    lines += _table(["op", "syncs"], rows)
+    calls = syncs.get("detcore_ops", {})
+    if calls:
+        lines += ["", "detcore's calls: " + ", ".join(
+            f"{op} {c['calls']}x ({c['syncs']} syncs, {c['checked']} checked)" for op, c in sorted(calls.items()))]
+    return lines
+
+
 def _status(step: Dict) -> str:
     return {"passed": "passed", "failed": "**FAILED**", "skipped": "skipped"}.get(step["status"], step["status"])
 
@@ -137,6 +153,8 @@ def markdown(doc: Dict) -> str:
         lines += ["", f"R-50-FPN Mask R-CNN, {h}x{w}, inference 1 image, training step 2 images, on {model.get('device_name', '?')} "
                       f"(`tools/benchmark_model.py`, {model.get('memory', 'peak memory')}):", ""]
         lines += model_table(model)
+    if figures.get("host_syncs"):
+        lines += [""] + host_syncs_lines(figures["host_syncs"])
     if figures.get("training"):
         t = figures["training"]
         lines += ["", f"Shapes R-18 Mask R-CNN ({t.get('iterations')} iterations, {t.get('precision')}, seed {t.get('seed')}): "

@@ -9,7 +9,9 @@ Awkward: 0, 1, 63, 64, 65 and 129 boxes or rois (around the NMS mask's 64-bit wo
 kernels' blocks), rois wholly outside the map, of zero or negative size, a map with no pixels,
 non-contiguous and channels-last inputs, zero-stride gradients (out.sum()), empty batches, and
 every dtype the kernels take (float32, float64, float16, bfloat16; the CPU kernels take the
-first two only). The focal loss runs past one block and one grid-stride pass. Each call is
+first two only), and inputs the value checks refuse, passed with the checks off as the model's
+own calls run (detcore.layers.trusted_inputs): bad batch indices, non-finite rois, argmax offsets
+past the plane. The focal loss runs past one block and one grid-stride pass. Each call is
 followed by a synchronization, so that an error is reported at the call that caused it.
 
 The NMS unwrap's global-memory path needs over ~385k boxes (a mask of tens of GB), so it is
@@ -27,7 +29,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from detcore.layers import batched_nms, deform_conv2d, nms, roi_align, roi_pool, sigmoid_focal_loss  # noqa: E402
+from detcore.layers import (  # noqa: E402
+    OpArgumentError, batched_nms, deform_conv2d, nms, roi_align, roi_pool, sigmoid_focal_loss, trusted_inputs,
+)
 
 SIZES = [0, 1, 63, 64, 65, 129]
 
@@ -68,6 +72,14 @@ class Driver:
             keep = nms(wide, torch.stack([scores, scores], 1)[:, 1], 0.5)
             self.sync()
             assert keep.numel() <= n
+        # Over 5000 boxes batched_nms takes its banded path (nms_band_kernels.cuh): categories of
+        # 1, 64, 65 and many boxes.
+        idxs = torch.repeat_interleave(torch.arange(4), torch.tensor([1, 64, 65, 4900])).to(self.device)
+        boxes = self.boxes(len(idxs), dtype)
+        scores = torch.rand(len(idxs), generator=self.gen).to(self.device, dtype)
+        keep = batched_nms(boxes, scores, idxs, 0.5)
+        self.sync()
+        assert keep.numel() <= len(idxs)
 
     def _rois(self, k, dtype, batch=2):
         boxes = self.boxes(k, dtype, side=200.0)
@@ -114,6 +126,40 @@ class Driver:
                 (g,) = torch.autograd.grad(roi_pool(x, rois, (3, 4), 0.25), x, grad)
                 self.sync()
                 assert g.shape == x.shape
+
+    def unchecked(self, dtype):
+        """Rois the checks refuse (batch index -1, 2 of 2, NaN; an infinite corner) with the checks
+        off: the CUDA kernels pool zeros for them and pass no gradient back, in bounds. On the CPU
+        the checks stay on: they raise."""
+        x = self._features(dtype)
+        rois = self._rois(6, dtype)
+        rois[0, 0], rois[1, 0], rois[2, 0], rois[3, 1] = -1, 2, float("nan"), float("inf")
+        ops = [lambda: roi_align(x, rois, (3, 4), 0.25, s, a) for s, a in ((0, True), (2, False))]
+        ops.append(lambda: roi_pool(x, rois, (3, 4), 0.25))
+        for op in ops:
+            try:
+                with trusted_inputs():
+                    out = op()
+            except OpArgumentError:
+                assert self.device.type == "cpu", "the CUDA ops check no values inside trusted_inputs()"
+                continue
+            self.sync()
+            out.sum().backward()  # after the block: the backward follows the forward
+            self.sync()
+            assert torch.equal(out[:4], torch.zeros_like(out[:4]))
+        # roi_pool's backward given argmax offsets past the plane (and far past the input).
+        grad = self.randn(6, 3, 3, 4, dtype=dtype)
+        argmax = torch.full(grad.shape, 11 * 13, dtype=torch.int32, device=self.device)
+        argmax[1::2] = 2**31 - 1
+        good = self._rois(6, dtype)
+        try:
+            with trusted_inputs():
+                g = torch.ops.detcore._roi_pool_backward(grad, good, argmax, 0.25, 3, 4, 2, 3, 11, 13)
+        except OpArgumentError:
+            assert self.device.type == "cpu"
+            return
+        self.sync()
+        assert torch.equal(g, torch.zeros_like(g))
 
     def deform_conv2d(self, dtype):
         for batch in (0, 1, 2):
@@ -164,7 +210,7 @@ def main(argv=None):
         dtypes += [torch.float16, torch.bfloat16]
     driver = Driver(args.device)
     start = time.perf_counter()
-    for op in ("nms", "roi_align", "roi_pool", "deform_conv2d", "sigmoid_focal_loss"):
+    for op in ("nms", "roi_align", "roi_pool", "unchecked", "deform_conv2d", "sigmoid_focal_loss"):
         for dtype in dtypes:
             getattr(driver, op)(dtype)
         print(f"{op}: done ({', '.join(str(d).replace('torch.', '') for d in dtypes)})", flush=True)

@@ -242,8 +242,14 @@ def start_correctness_tests(ctx: Context) -> Optional[Job]:
     args = ctx.py("-m", "pytest", "-m", "cuda", "-q", "-rfEs", "-p", "no:cacheprovider", f"--junitxml={junit}", *files)
     if ctx.rehearse:
         return None
-    # Workers share the cores: 4 threads each for the float64 CPU references.
-    return ctx.start("pytest -m cuda", args + _xdist(ctx, 4), env={**ctx.env, "OMP_NUM_THREADS": "4"})
+    # Workers share the cores: 4 threads each for the float64 CPU references. The model test of
+    # host syncs (tests/modeling/test_model_value_checks.py) writes its count where this says.
+    env = {**ctx.env, "OMP_NUM_THREADS": "4", "DETCORE_HOST_SYNCS_JSON": _host_syncs_path(ctx)}
+    return ctx.start("pytest -m cuda", args + _xdist(ctx, 4), env=env)
+
+
+def _host_syncs_path(ctx: Context) -> str:
+    return os.path.join(ctx.out_dir, "host_syncs.json")
 
 
 def step_correctness(ctx: Context, job: Optional[Job]) -> Step:
@@ -261,6 +267,7 @@ def step_correctness(ctx: Context, job: Optional[Job]) -> Step:
         step.parts.append(part)
         return step
     step.parts.append(ctx.join("pytest -m cuda", 240, ok=_pytest_ok(os.path.join(ctx.scratch, "junit_cuda.xml"), True)))
+    ctx.figures["host_syncs"] = _load_json(_host_syncs_path(ctx))
     return step
 
 

@@ -12,6 +12,7 @@ from detcore.modeling import build_model
 
 from .zoo_names import (
     caffe2_resnet50_shapes,
+    detectron2_imagenet_resnet50_shapes,
     detectron2_mask_rcnn_r50_c4_shapes,
     detectron2_mask_rcnn_r50_fpn_shapes,
     detectron2_retinanet_r50_fpn_shapes,
@@ -251,6 +252,36 @@ def test_caffe2_msra_resnet50_fills_a_c4_models_body_and_res5_head(msra_r50, d2_
     torch.testing.assert_close(state_dict["roi_heads.res5.0.downsample.1.weight"], torch.from_numpy(blobs["res5_0_branch1_bn_s"]))
     torch.testing.assert_close(state_dict["backbone.res4.0.conv1.weight"], torch.from_numpy(blobs["res4_0_branch2a_w"]))
     model.load_state_dict(state_dict, strict=False)
+
+
+def test_detectron2_imagenet_pickle_with_batchnorm_statistics(tmp_path, d2_model):
+    """detectron2's own MSRA R-50.pkl keeps BatchNorm unfused: its statistics load as they are
+    (none synthesized), and the FrozenBN computes the BatchNorm of those four blobs."""
+    shapes = detectron2_imagenet_resnet50_shapes()
+    rng = np.random.default_rng(1)
+    blobs = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    for k in blobs:
+        if k.endswith("_running_var"):
+            blobs[k] = np.abs(blobs[k]) + 0.5
+    path = tmp_path / "R-50.pkl"
+    path.write_bytes(pickle.dumps(blobs, protocol=2))
+    state_dict, report = load_converted_state_dict(path, d2_model)
+    assert report.format == "caffe2-resnet"
+    assert not report.unexpected and not report.shape_mismatch, report.table()
+    body = {k for k in d2_model.state_dict() if k.startswith("backbone.bottom_up.")}
+    assert set(state_dict) == body
+    assert {src for src, _, _ in report.mapped} == set(shapes) - {"fc1000_w", "fc1000_b"}
+    assert not any("affine only" in n for n in report.notes), report.notes
+
+    d2_model.load_state_dict(state_dict, strict=False)
+    bn = d2_model.backbone.bottom_up.res3[0].bn2
+    x = torch.randn(2, bn.num_features, 3, 3)
+    blob = {leaf: torch.from_numpy(blobs[f"res3_0_branch2b_bn_{leaf}"]).view(1, -1, 1, 1)
+            for leaf in ("gamma", "beta", "running_mean", "running_var")}
+    expected = (x - blob["running_mean"]) / torch.sqrt(blob["running_var"] + bn.eps) * blob["gamma"] + blob["beta"]
+    torch.testing.assert_close(bn(x), expected)
+    stem = d2_model.backbone.bottom_up.stem.bn1
+    torch.testing.assert_close(stem.running_var, torch.from_numpy(blobs["res_conv1_bn_running_var"]))
 
 
 # --- RetinaNet ----------------------------------------------------------------------------------

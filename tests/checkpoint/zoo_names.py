@@ -158,6 +158,22 @@ def caffe2_resnet50_shapes():
     return s
 
 
+def detectron2_imagenet_resnet50_shapes():
+    """detectron2's ImageNetPretrained/MSRA/R-50.pkl: caffe2 blob names, but BatchNorm kept unfused
+    (its MODEL_ZOO.md: "we do not fuse BatchNorm into an affine layer"), as detectron2's loading
+    logs show them (``... loaded from res2_0_branch2a_bn_running_mean``): _bn_gamma, _bn_beta,
+    _bn_running_mean, _bn_running_var beside each conv's _w."""
+    s = {}
+    for name, shape in caffe2_resnet50_shapes().items():
+        if name.endswith("_bn_s"):
+            base = name[: -len("_s")]
+            for leaf in ("gamma", "beta", "running_mean", "running_var"):
+                s[f"{base}_{leaf}"] = shape
+        elif not name.endswith("_bn_b"):
+            s[name] = shape
+    return s
+
+
 def maskrcnn_benchmark_mask_rcnn_r50_fpn_shapes(ddp=True):
     """maskrcnn-benchmark's e2e_mask_rcnn_R_50_FPN_1x model (maskrcnn_benchmark/modeling): a
     `backbone` Sequential of `body` (ResNet: StemWithFixedBatchNorm `stem.conv1` / `stem.bn1`,

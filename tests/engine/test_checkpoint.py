@@ -221,6 +221,32 @@ def test_resume_or_load(tmp_path):
     assert Checkpointer(Small(), str(out)).resume_or_load("", resume=False) == {}
 
 
+def test_weights_by_url_are_downloaded_verified_and_cached(tmp_path, monkeypatch):
+    """MODEL.WEIGHTS as a URL (here on a loopback server): fetched once into $DETCORE_CACHE,
+    checked against the sha256 the URL carries, loaded as a file would be."""
+    import hashlib
+
+    from detcore.checkpoint import DownloadError
+    from tests.checkpoint.weights_server import serve
+
+    monkeypatch.setenv("DETCORE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("DETCORE_WEIGHTS_MIRROR", raising=False)
+    model, _, _ = trained_parts()
+    path = tmp_path / "weights.pth"
+    torch.save(model.state_dict(), path)
+    data = path.read_bytes()
+    with serve() as server:
+        server.files["/w/weights.pth"] = data
+        url = f"{server.url}/w/weights.pth#sha256={hashlib.sha256(data).hexdigest()}"
+        for _ in range(2):
+            fresh = Small()
+            assert Checkpointer(fresh, str(tmp_path / "run")).resume_or_load(url, resume=False) == {}
+            assert_same_tensors(fresh.state_dict(), model.state_dict())
+        assert server.count("/w/weights.pth") == 1
+        with pytest.raises(DownloadError, match="not the file expected"):
+            load_model_weights(Small(), f"{server.url}/w/weights.pth#sha256=00000000")
+
+
 # --- what a careless or hostile user does to checkpoints --------------------------------------------
 def test_non_finite_weights_are_never_saved(tmp_path):
     model, opt, _ = trained_parts()

@@ -1,13 +1,18 @@
-"""Input path collection and the drawing loop of tools/demo.py (with a stand-in predictor)."""
+"""Input path collection, the drawing loop (with a stand-in predictor) and the config and class
+names of tools/demo.py, from a config file or a model zoo name."""
 import os
 
 import cv2
 import numpy as np
 import pytest
 import torch
+from torchvision.models.detection import MaskRCNN_ResNet50_FPN_Weights
 
-from detcore.engine.demo import collect_image_paths, visualize_images
+from detcore.data import MetadataCatalog
+from detcore.engine.demo import collect_image_paths, demo_config, demo_metadata, visualize_images
 from detcore.structures import Boxes, Instances
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def write_image(path, value=90, size=(40, 60)):
@@ -101,3 +106,33 @@ def test_unreadable_image_is_an_error(tmp_path):
     bad.write_bytes(b"not a png")
     with pytest.raises(OSError, match="could not read"):
         visualize_images(lambda im: None, [str(bad)], str(tmp_path / "out"))
+
+
+def test_demo_config_from_a_model_name_a_config_file_or_both(tmp_path):
+    cfg = demo_config(model="torchvision/mask_rcnn_R_50_FPN", opts=["MODEL.DEVICE", "cpu"])
+    assert cfg.MODEL.WEIGHTS == "torchvision/mask_rcnn_R_50_FPN" and cfg.MODEL.MASK_ON
+    assert cfg.MODEL.ROI_HEADS.NUM_CLASSES == 90 and cfg.MODEL.DEVICE == "cpu"
+    preset = os.path.join(REPO, "configs", "detectron2", "retinanet_R_50_FPN_1x.yaml")
+    cfg = demo_config(config_file=preset, model="torchvision/mask_rcnn_R_50_FPN")
+    assert cfg.MODEL.META_ARCHITECTURE == "RetinaNet" and cfg.MODEL.WEIGHTS == "torchvision/mask_rcnn_R_50_FPN"
+    cfg = demo_config(config_file=preset, opts=["MODEL.WEIGHTS", "mine.pth"])
+    assert cfg.MODEL.WEIGHTS == "mine.pth"
+    with pytest.raises(ValueError, match="give a config file"):
+        demo_config()
+    with pytest.raises(ValueError, match="URL outside detcore's catalog: it has no preset, give --config-file"):
+        demo_config(model="https://example.org/model.pth")
+    url = "https://dl.fbaipublicfiles.com/detectron2/COCO-Detection/retinanet_R_50_FPN_1x/190397773/model_final_bfca0b.pkl"
+    cfg = demo_config(model=url)  # a catalog URL: its entry's preset
+    assert cfg.MODEL.META_ARCHITECTURE == "RetinaNet" and cfg.MODEL.WEIGHTS == "detectron2/COCO-Detection/retinanet_R_50_FPN_1x"
+
+
+def test_demo_names_classes_by_what_the_weights_predict():
+    # torchvision's model: 90 classes by COCO category id, "N/A" where COCO has no category.
+    meta = demo_metadata(demo_config(model="torchvision/mask_rcnn_R_50_FPN"))
+    assert meta["class_names"] == MaskRCNN_ResNet50_FPN_Weights.COCO_V1.meta["categories"][1:]
+    meta = demo_metadata(demo_config(model="detectron2/COCO-Keypoints/keypoint_rcnn_R_50_FPN_3x"))
+    assert meta["class_names"] == ["person"] and len(meta["keypoint_names"]) == 17 and meta["keypoint_skeleton"]
+    # Weights whose classes are not the model's: the test dataset's names, not the catalog's.
+    cfg = demo_config(model="torchvision/mask_rcnn_R_50_FPN", opts=["MODEL.ROI_HEADS.NUM_CLASSES", "6",
+                                                                    "DATASETS.TEST", "('shapes_val',)"])
+    assert demo_metadata(cfg)["class_names"] == MetadataCatalog.get("shapes_val").thing_classes

@@ -195,7 +195,11 @@ def test_trainer_picks_the_evaluators(tree, tmp_path):
         assert set(results) == {"cityscapes", "bbox", "segm"}
         # COCO AP through the json converted from the records: perfect masks, perfect AP.
         assert results["segm"]["AP"] == pytest.approx(100) and results["cityscapes"]["AP"] == pytest.approx(100)
-        assert any(p.startswith(name + "_coco_format_") for p in os.listdir(tmp_path / "out" / "inference" / name))
+        written = os.listdir(tmp_path / "out" / "inference" / name)
+        assert any(p.startswith(name + "_coco_format_") for p in written)
+        assert {"bbox_pr_curves.png", "segm_confusion_matrix.png"} <= set(written)  # TEST.EVAL_PICTURES
+        cfg.TEST.EVAL_PICTURES = False
+        assert DefaultTrainer.build_evaluator(cfg, name)._evaluators[1]._pictures is False
         assert isinstance(DefaultTrainer.build_evaluator(cfg, voc_name), PascalVOCDetectionEvaluator)
         MetadataCatalog.get(voc_name + "_x").evaluator_type = "lvis"
         with pytest.raises(NotImplementedError, match="evaluator_type 'lvis'"):

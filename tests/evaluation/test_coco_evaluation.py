@@ -407,7 +407,7 @@ def test_invalid_inputs_raise(tmp_path):
     gt = write_gt(tmp_path, [box_ann(1, 1, 1, (10, 10, 50, 50))])
     with pytest.raises(ValueError, match="tasks"):
         COCOEvaluator(gt, tasks=("keypoint",))
-    with pytest.raises(ValueError, match="metadata_fn"):
+    with pytest.raises(ValueError, match="neither a json file nor a registered dataset"):
         COCOEvaluator("no_such_dataset")
     with pytest.raises(ValueError, match="json_file"):
         COCOEvaluator("toy", metadata_fn=lambda name: {"json_file": str(tmp_path / "missing.json")})
@@ -571,3 +571,37 @@ def test_box_proposals_need_proposals_and_ignore_crowds(tmp_path):
     results = run(ev, {1: output})
     assert results["bbox"]["AP"] == pytest.approx(100.0)
     assert results["box_proposals"]["AR@100"] == pytest.approx(100.0)
+
+
+# --- a dataset named, nothing else ----------------------------------------------------------------
+def test_a_registered_name_alone_finds_its_json_and_mapping(tmp_path):
+    """As in detectron2: COCOEvaluator(name, output_dir=...) reads the name's metadata from the
+    catalog, registered from code or named coco:JSON (registered on first use)."""
+    from detcore.data import DatasetCatalog, MetadataCatalog, register_coco_instances
+
+    gt = three_class_gt(tmp_path)
+    boxes = [xyxy(BOXES[c]) for c in (1, 5, 9)]
+    names = ["toy_named_val", f"coco:{gt}"]
+    register_coco_instances(names[0], {"thing_dataset_id_to_contiguous_id": {9: 0, 5: 1, 1: 2}}, gt, str(tmp_path))
+    try:
+        ev = COCOEvaluator(names[0], output_dir=str(tmp_path / "out"))
+        assert ev.dataset_id_to_contiguous_id == {9: 0, 5: 1, 1: 2}  # the metadata's, not the json's order
+        assert run(ev, {1: prediction(boxes, [0.9, 0.8, 0.7], [2, 1, 0])})["bbox"]["AP"] == pytest.approx(100.0)
+        assert (tmp_path / "out" / METRICS_FILE).is_file()
+        ev = COCOEvaluator(names[1], tasks="bbox")
+        assert ev.dataset_id_to_contiguous_id == {1: 0, 5: 1, 9: 2}
+        res = run(ev, {1: prediction(boxes, [0.9, 0.8, 0.7], [0, 1, 2])})["bbox"]
+        assert res["AP-cat"] == res["AP-dog"] == res["AP-bird"] == pytest.approx(100.0)
+    finally:
+        for name in names:
+            if name in DatasetCatalog:
+                DatasetCatalog.remove(name)
+            MetadataCatalog.remove(name)
+
+
+def test_an_unknown_name_is_refused_and_leaves_no_metadata():
+    from detcore.data import MetadataCatalog
+
+    with pytest.raises(ValueError, match="neither a json file nor a registered dataset"):
+        COCOEvaluator("no_such_dataset_here")
+    assert "no_such_dataset_here" not in MetadataCatalog

@@ -266,3 +266,28 @@ def test_against_the_devkit_definition(tmp_path, seed):
     assert m["AP"] == pytest.approx(np.mean(coco_style))
     assert m["AP75"] == pytest.approx(coco_style[5])
     assert 0 < m["AP75"] < m["AP50"] < 100
+
+
+def test_a_voc_name_alone(tmp_path):
+    """PascalVOCDetectionEvaluator("voc:FOLDER:SPLIT") reads the classes (sorted), year and ground
+    truth from the folder, as the explicit metadata_fn / records_fn would give them."""
+    from detcore.data import DatasetCatalog, MetadataCatalog
+
+    rng = np.random.default_rng(5)
+    images, dets = random_scene(rng, 12)
+    voc = write_voc_tree(str(tmp_path / "VOC2007"), images, {"test": list(images)})
+    name = f"voc:{voc}:test"
+    try:
+        ev = PascalVOCDetectionEvaluator(name, output_dir=str(tmp_path / "out"))
+        classes = sorted(CLASSES)
+        records = load_voc_instances(voc, "test", classes)
+        sorted_dets = {  # the scene's class indices are CLASSES'; the name's classes are sorted
+            r["image_id"]: [(classes.index(CLASSES[c]), b, s) for c, b, s in dets[r["voc_id"]]] for r in records
+        }
+        named = evaluate(ev, sorted_dets)
+        explicit = evaluate(make_evaluator(records, classes, 2007), sorted_dets)
+        assert named == pytest.approx(explicit, nan_ok=True)
+        assert (tmp_path / "out" / METRICS_FILE).is_file()
+    finally:
+        DatasetCatalog.remove(name)
+        MetadataCatalog.remove(name)

@@ -52,9 +52,11 @@ def test_test_time_augmentation_is_refused(cfg_and_model, no_tracing, tmp_path):
     assert not os.path.exists(tmp_path / "out")
 
 
-@pytest.mark.parametrize("fmt", ["torchscript", "exported_program", "onnx"])
+@pytest.mark.parametrize("fmt", ["torchscript", "exported_program", "onnx", "openvino"])
 def test_an_existing_export_is_kept_unless_overwrite(cfg_and_model, no_tracing, tmp_path, fmt):
     cfg, model = cfg_and_model
+    if fmt == "openvino":
+        pytest.importorskip("openvino")
     folder = tmp_path / "exported"
     folder.mkdir()
     model_file = model_export._FILE_NAMES[fmt]

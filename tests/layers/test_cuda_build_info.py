@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from detcore.utils.cuda_home import find_cuda_home
+from detcore.utils.build_config import find_cuda_home
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CUDA_HOME = find_cuda_home()

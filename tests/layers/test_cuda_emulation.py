@@ -1,14 +1,17 @@
-"""detcore's CUDA kernels, run on the CPU by the CUDA emulation, equal the CPU kernels.
+"""detcore's CUDA kernels, run on the CPU by the CUDA emulation, equal the CPU kernels: ROIAlign
+here, the other ops in test_cuda_emulation_*.py.
 
 The device code (detcore/csrc/cuda/*_kernels.cuh) is compiled by g++ with
 tests/layers/cuda_emulation/cuda_emulation.h: every CUDA thread a std::thread, __syncthreads a
-barrier, launched with the real grid (detcore/csrc/cuda/launch_config.h). The grid and
-shared-memory limits are lowered in some tests so that small inputs take the grid-stride loops
-and the NMS unwrap's global-memory path. Half and bfloat16 are compared with the CPU float32
-kernel on the same (exactly upcast) values, as in test_ops_cuda.py. DETCORE_EMULATION_TSAN=1
-builds the emulation with ThreadSanitizer (scripts/test_emulation_tsan.sh).
+barrier. The emulated ops run the real launchers' host sequences (detcore/csrc/cuda/*_launch.h:
+allocations, grids, empty cases, dtype dispatch), with garbage where the real launcher leaves
+memory uninitialised. The grid limit is lowered in some tests so that small inputs take the
+grid-stride loops. Half and bfloat16 are compared with the CPU float32 kernel on the same (exactly
+upcast) values, as in test_ops_cuda.py. DETCORE_EMULATION_TSAN=1 builds the emulation with
+ThreadSanitizer (scripts/test_emulation_tsan.sh).
 """
 import math
+import os
 import shutil
 import subprocess
 
@@ -17,185 +20,17 @@ import pytest
 import torch
 
 import detcore.layers  # noqa: F401  (loads torch.ops.detcore)
+from detcore.utils import build_config
 
 try:
     from . import cuda_emulation
-    from .reference_ops import CUDA_VS_CPU_TOLERANCE, EMULATED_DTYPES, in_cpu_dtype, seeded, distinct_scores, iou_one_to_many, random_boxes
+    from .reference_ops import CUDA_VS_CPU_TOLERANCE, EMULATED_DTYPES, in_cpu_dtype, seeded, random_boxes
 except ImportError:  # tests/ run as rootdir-relative modules, without packages
     import cuda_emulation
-    from reference_ops import CUDA_VS_CPU_TOLERANCE, EMULATED_DTYPES, in_cpu_dtype, seeded, distinct_scores, iou_one_to_many, random_boxes
+    from reference_ops import CUDA_VS_CPU_TOLERANCE, EMULATED_DTYPES, in_cpu_dtype, seeded, random_boxes
 
 DTYPES = EMULATED_DTYPES
 TOL = CUDA_VS_CPU_TOLERANCE
-NMS_SIZES = [0, 1, 63, 64, 65, 129]  # across the 64-bit mask words
-MAX_SHARED_WORDS = (48 * 1024 - 2048) // 8  # launch_config.h's kMaxSharedWords
-
-
-
-
-
-def _crowded_boxes(n, seed, dtype):
-    """Boxes in a small area, so that many overlap near any threshold."""
-    g = seeded(seed)
-    return random_boxes(n, g, xy_max=150.0, wh_range=(5.0, 80.0)).to(dtype), g
-
-
-# ---------------------------------------------------------------------------------------- nms
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", NMS_SIZES)
-@pytest.mark.parametrize("iou_threshold", [0.0, 0.5, 1.0])
-def test_nms_equals_cpu(emu, n, dtype, iou_threshold):
-    boxes, g = _crowded_boxes(n, n, dtype)
-    scores = distinct_scores(n, g, torch.float64).to(dtype)  # half rounding makes some ties
-    got = emu.nms(boxes, scores, None, iou_threshold)
-    assert torch.equal(got, torch.ops.detcore.nms(in_cpu_dtype(boxes), in_cpu_dtype(scores), iou_threshold))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,num_classes", [(1, 1), (65, 3), (129, 1), (200, 7)])
-def test_batched_nms_equals_cpu(emu, n, num_classes, dtype):
-    boxes, g = _crowded_boxes(n, n + 1, dtype)
-    scores = distinct_scores(n, g, torch.float64).to(dtype)
-    idxs = torch.randint(0, num_classes, (n,), generator=g, dtype=torch.int32)
-    got = emu.nms(boxes, scores, idxs, 0.5)
-    assert torch.equal(got, torch.ops.detcore.batched_nms(in_cpu_dtype(boxes), in_cpu_dtype(scores), idxs, 0.5))
-
-
-def test_nms_ties_nan_and_duplicates(emu):
-    boxes, g = _crowded_boxes(130, 3, torch.float32)
-    boxes[10:20] = boxes[0]  # exact duplicates: IoU 1, suppressed below 1.0 only
-    boxes[25, 2] = float("nan")  # a NaN coordinate never suppresses nor is suppressed
-    tied = torch.full((130,), 0.5)
-    nan_scores = distinct_scores(130, g)
-    nan_scores[[3, 70, 129]] = float("nan")  # sorted first, like torch.sort does
-    idxs = torch.randint(0, 2, (130,), generator=g)
-    for scores in (tied, nan_scores):
-        for threshold in (0.0, 0.5, 1.0):
-            expected = torch.ops.detcore.nms(boxes, scores, threshold)
-            assert torch.equal(emu.nms(boxes, scores, None, threshold), expected)
-            expected = torch.ops.detcore.batched_nms(boxes, scores, idxs, threshold)
-            assert torch.equal(emu.nms(boxes, scores, idxs, threshold), expected)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_nms_non_finite_boxes_equal_cpu(emu, dtype):
-    """Many NaN and infinite coordinates: the CPU kernel keeps the boxes whose IoU never exceeds
-    the threshold without computing it; the device computes every IoU. Same answer, thresholds
-    of both signs (below 0 an infinite box can suppress)."""
-    boxes, g = _crowded_boxes(200, 5, torch.float32)
-    bad = torch.rand(200, generator=g) < 0.4
-    values = torch.tensor([float("nan"), float("inf"), -float("inf")])
-    column = torch.randint(0, 4, (200,), generator=g)[bad]
-    boxes[bad, column] = values[torch.randint(0, 3, (200,), generator=g)[bad]]
-    boxes = boxes.to(dtype)
-    scores = distinct_scores(200, g, torch.float64).to(dtype)
-    idxs = torch.randint(0, 3, (200,), generator=g)
-    cpu_boxes, cpu_scores = in_cpu_dtype(boxes), in_cpu_dtype(scores)
-    for threshold in (-0.5, 0.0, 0.5):
-        got = emu.nms(boxes, scores, None, threshold)
-        assert torch.equal(got, torch.ops.detcore.nms(cpu_boxes, cpu_scores, threshold))
-        got = emu.nms(boxes, scores, idxs, threshold)
-        assert torch.equal(got, torch.ops.detcore.batched_nms(cpu_boxes, cpu_scores, idxs, threshold))
-
-
-@pytest.mark.parametrize("max_grid_dim", [1, 2, 3])
-def test_nms_more_work_than_blocks(emu, max_grid_dim):
-    """A grid smaller than the 5 x 5 blocks of 300 boxes: the mask kernel's grid-stride loops."""
-    boxes, g = _crowded_boxes(300, 4, torch.float32)
-    scores = distinct_scores(300, g)
-    idxs = torch.randint(0, 3, (300,), generator=g)
-    got = emu.nms(boxes, scores, None, 0.5, max_grid_dim)
-    assert torch.equal(got, torch.ops.detcore.nms(boxes, scores, 0.5))
-    got = emu.nms(boxes, scores, idxs, 0.5, max_grid_dim)
-    assert torch.equal(got, torch.ops.detcore.batched_nms(boxes, scores, idxs, 0.5))
-
-
-def _pack_words(bits):
-    """[n, m] bools as [n, ceil(m / 64)] int64 words, bit k of word w = column 64 * w + k."""
-    n, m = bits.shape
-    padded = np.zeros((n, -(-m // 64) * 64), dtype=np.uint8)
-    padded[:, :m] = bits
-    return torch.from_numpy(np.packbits(padded, axis=1, bitorder="little").view("<i8").copy())
-
-
-def _reference_mask(sorted_boxes, categories, threshold):
-    """Bit (i, j): j ranks below i, same category, IoU in the accumulation type > threshold."""
-    boxes = in_cpu_dtype(sorted_boxes)
-    n = len(boxes)
-    bits = np.zeros((n, n), dtype=bool)
-    for i in range(n):
-        iou = iou_one_to_many(boxes[i], boxes[i + 1 :]).double() > threshold
-        if categories is not None:
-            iou &= categories[i + 1 :] == categories[i]
-        bits[i, i + 1 :] = iou.numpy()
-    return _pack_words(bits)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n,max_grid_dim", [(1, 65535), (65, 65535), (129, 1), (200, 2)])
-@pytest.mark.parametrize("with_categories", [False, True])
-def test_nms_mask_words(emu, n, max_grid_dim, dtype, with_categories):
-    """Every word the unwrap reads (column block >= row block) is the reference's, bit for bit."""
-    boxes, g = _crowded_boxes(n, n + 2, dtype)
-    categories = torch.randint(0, 3, (n,), generator=g) if with_categories else None
-    mask = emu.nms_mask(boxes, categories, 0.5, max_grid_dim)
-    expected = _reference_mask(boxes, categories, 0.5)
-    row_block = torch.arange(n)[:, None] // 64
-    read = torch.arange(mask.shape[1])[None, :] >= row_block
-    assert torch.equal(mask[read], expected[read])
-
-
-def _random_mask(n, seed, density):
-    """A mask as the mask kernel leaves it: random bits above the diagonal, garbage below."""
-    g = np.random.default_rng(seed)
-    bits = np.triu(g.random((n, n)) < density, k=1)
-    mask = _pack_words(bits)
-    below = torch.arange(mask.shape[1])[None, :] < (torch.arange(n)[:, None] // 64)
-    garbage = g.integers(-(2**63), 2**63 - 1, int(below.sum()), dtype=np.int64)
-    mask[below] = torch.from_numpy(garbage)
-    return mask, bits
-
-
-def _greedy_keep(bits):
-    n = len(bits)
-    removed = np.zeros(n, dtype=bool)
-    keep = np.zeros(n, dtype=bool)
-    for i in range(n):
-        if not removed[i]:
-            keep[i] = True
-            removed |= bits[i]
-    return torch.from_numpy(keep)
-
-
-@pytest.mark.parametrize("n", [1, 63, 64, 65, 129, 700])
-@pytest.mark.parametrize("max_shared_words", [MAX_SHARED_WORDS, 1, 0])
-def test_nms_unwrap_shared_and_global(emu, n, max_shared_words):
-    """The removed bitmap in shared memory, or (over the limit) in global memory."""
-    for seed, density in ((n, 0.02), (n + 1, 0.3)):
-        mask, bits = _random_mask(n, seed, density)
-        assert torch.equal(emu.nms_unwrap(mask, max_shared_words), _greedy_keep(bits))
-
-
-def test_nms_unwrap_more_words_than_threads(emu):
-    """Over 256 column blocks (16.6k boxes): each unwrap thread owns several removed words."""
-    n = 64 * 260 + 5
-    rng = np.random.default_rng(5)
-    words = np.zeros((n, -(-n // 64)), dtype=np.uint64)
-    suppressions = {}
-    for row in rng.integers(0, n - 1, 3000).tolist():
-        col = int(rng.integers(row + 1, n))
-        words[row, col // 64] |= np.uint64(1) << np.uint64(col % 64)
-        suppressions.setdefault(row, []).append(col)
-    removed, keep = set(), torch.zeros(n, dtype=torch.bool)
-    for i in range(n):
-        if i not in removed:
-            keep[i] = True
-            removed.update(suppressions.get(i, ()))
-    mask = torch.from_numpy(words.view(np.int64))
-    for max_shared_words in (MAX_SHARED_WORDS, 0):
-        assert torch.equal(emu.nms_unwrap(mask, max_shared_words), keep)
 
 
 # ---------------------------------------------------------------------------------- roi_align
@@ -274,6 +109,17 @@ def test_roi_align_edge_cases(emu):
         torch.testing.assert_close(got, cpu)
 
 
+def test_roi_align_backward_strided_grad(emu):
+    """A grad with strides of its own in every dimension: the launcher passes them to the kernel."""
+    features, rois = _roi_inputs(6, torch.float32, k=5)
+    args = (0.25, 3, 4, 2, True)
+    grad = torch.randn(4, 3, 3, 5, generator=seeded(3)).permute(3, 1, 2, 0)  # [5, 3, 3, 4]
+    assert grad.stride() == (1, 15, 5, 45)
+    got = _backward(emu.roi_align_backward, grad, rois, features.shape, args)
+    _, expected = _cpu_roi_align(features, rois, grad.contiguous(), *args)
+    torch.testing.assert_close(got, expected)
+
+
 def test_roi_align_adaptive_count_of_issue_roi(emu):
     """y 13 -> 97 at 1/3 is 28 rows for 7 bins: the CPU samples 5 rows per bin (float rounding)."""
     x = (torch.arange(40.0)[:, None] ** 2 + torch.arange(4.0)).reshape(1, 1, 40, 4)
@@ -329,21 +175,67 @@ def _unfused_geometry(roi, scale, ph, pw, sampling_ratio, aligned):
     return [grid_h, grid_w, start_h, start_w, bin_h, bin_w, y, x]
 
 
-@pytest.mark.skipif(shutil.which("g++") is None or not _has_fma(), reason="needs g++, an FMA CPU")
-@pytest.mark.parametrize("scale,output,aligned", [(1 / 3, (7, 1), True), (1 / 32, (7, 7), False)])
-def test_device_geometry_with_fma_contraction(scale, output, aligned):
-    """Built like nvcc builds device code (a * b + c fused), the geometry is still the CPU's."""
-    rois = random_boxes(30, seeded(9), xy_max=300.0, wh_range=(1.0, 150.0)).tolist()
-    rois.insert(0, [0.0, 13.0, 3.0, 97.0])  # the roi of the issue, 28 rows for 7 bins at 1/3
-    scale = float(np.float32(scale))
+ISSUE_ROI = [0.0, 13.0, 3.0, 97.0]  # 28 rows at scale 1/3, aligned: 5 samples per bin, 4 if fused
+needs_fma_gxx = pytest.mark.skipif(
+    shutil.which("g++") is None or not _has_fma(), reason="needs g++, an FMA CPU")
+
+
+def _host_builds():
+    """How setup.py compiles host code (build_config's flags: torch adds -std=c++20), on a host
+    whose compiler may emit FMA (-mfma here; aarch64, -march=native): the C++ sources with g++,
+    and the host half of the .cu files with nvcc."""
+    host = ["-std=c++20", "-DDETCORE_FMA_PROBE_HOST"]
+    builds = [pytest.param("g++", [*host, *build_config.CXX_FLAGS, "-mfma"], id="g++")]
+    cuda_home = build_config.find_cuda_home()
+    nvcc = os.path.join(cuda_home, "bin", "nvcc") if cuda_home else None
+    builds.append(pytest.param(
+        nvcc, ["-x", "cu", *host, *build_config.NVCC_FLAGS, "-Xcompiler=-mfma"], id="nvcc",
+        marks=pytest.mark.skipif(nvcc is None or not os.path.exists(nvcc), reason="needs nvcc")))
+    return builds
+
+
+def _probe(rois, scale, output, aligned, flags, compiler="g++"):
+    """fma_probe built with flags: whether it fuses a * b - c, and each roi's geometry."""
     args = [str(scale), str(output[0]), str(output[1]), "0", str(int(aligned))]
     args += [repr(float(np.float32(v))) for roi in rois for v in roi]
     probe = subprocess.run(
-        [cuda_emulation.fma_probe(), *args], capture_output=True, text=True, check=True)
+        [cuda_emulation.fma_probe(flags, compiler), *args], capture_output=True, text=True,
+        check=True)
     lines = probe.stdout.splitlines()
-    if float(lines[0]) != 28.0:
-        pytest.skip("this g++ does not fuse a * b - c here, so it cannot show a fused geometry")
-    for roi, line in zip(rois, lines[1:]):
+    geometry = []
+    for line in lines[1:]:
         values = line.split()
-        got = [int(v) for v in values[:2]] + [np.float32(float(v)) for v in values[2:]]
+        geometry.append([int(v) for v in values[:2]] + [np.float32(float(v)) for v in values[2:]])
+    return float(lines[0]) == 28.0, geometry
+
+
+def _geometry_rois():
+    rois = random_boxes(30, seeded(9), xy_max=300.0, wh_range=(1.0, 150.0)).tolist()
+    return [ISSUE_ROI] + rois
+
+
+@needs_fma_gxx
+@pytest.mark.parametrize("scale,output,aligned", [(1 / 3, (7, 1), True), (1 / 32, (7, 7), False)])
+def test_device_geometry_with_fma_contraction(scale, output, aligned):
+    """Built like nvcc builds device code (a * b + c fused), the geometry is still the CPU's."""
+    rois, scale = _geometry_rois(), float(np.float32(scale))
+    fuses, geometry = _probe(rois, scale, output, aligned, cuda_emulation.DEVICE_FMA_FLAGS)
+    if not fuses:
+        pytest.skip("this g++ does not fuse a * b - c here, so it cannot show a fused geometry")
+    for roi, got in zip(rois, geometry):
         assert got == _unfused_geometry(roi, scale, *output, 0, aligned), roi
+
+
+@needs_fma_gxx
+@pytest.mark.parametrize("compiler,flags", _host_builds())
+@pytest.mark.parametrize("scale,output,aligned", [(1 / 3, (7, 1), True), (1 / 32, (7, 7), False)])
+def test_host_geometry_with_setup_flags_on_an_fma_cpu(scale, output, aligned, compiler, flags):
+    """With setup.py's flags, a compiler free to emit FMA fuses nothing: the CPU kernels'
+    geometry (grid, start, bin size, sample points) is the GPU's, 5 samples for the issue's roi."""
+    rois, scale = _geometry_rois(), float(np.float32(scale))
+    fuses, geometry = _probe(rois, scale, output, aligned, flags, compiler)
+    assert not fuses, "setup.py's flags let the compiler fuse a * b - c into an FMA"
+    for roi, got in zip(rois, geometry):
+        assert got == _unfused_geometry(roi, scale, *output, 0, aligned), roi
+    if scale == float(np.float32(1 / 3)) and aligned:
+        assert geometry[0][0] == 5

@@ -163,3 +163,22 @@ def test_empty_batch(emu):
     assert out.shape == (0, 2, 4, 4)
     grads = emu.deform_conv2d_backward(out, x, weight, offset, mask, *args)
     assert [g.shape for g in grads] == [x.shape, weight.shape, offset.shape, mask.shape, bias.shape]
+
+
+def test_one_channel_one_position(emu):
+    """Launches of a single thread's work (1 channel, 1 x 1 output, 1 x 1 kernel), and one of no
+    work at all (no channels): the smallest and the empty grids."""
+    g = seeded(41)
+    x, weight = torch.randn(2, 1, 1, 1, generator=g), torch.randn(2, 1, 1, 1, generator=g)
+    offset, mask = torch.rand(2, 2, 1, 1, generator=g) - 0.5, torch.rand(2, 1, 1, 1, generator=g)
+    bias = torch.randn(2, generator=g)
+    args = (1, 1, 0, 0, 1, 1, 1, 1)
+    out = emu.deform_conv2d(x, weight, offset, mask, bias, *args)
+    torch.testing.assert_close(out, torch.ops.detcore.deform_conv2d(x, weight, offset, mask, bias, *args))
+    grad = torch.randn(out.shape, generator=g)
+    got = emu.deform_conv2d_backward(grad, x, weight, offset, mask, *args)
+    expected = torch.ops.detcore._deform_conv2d_backward(grad, x, weight, offset, mask, bias, *args)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, **TOL[torch.float32])
+    out = emu.deform_conv2d(x[:, :0], weight[:, :0], offset, mask, bias, *args)
+    assert torch.equal(out, bias[None, :, None, None].expand(2, 2, 1, 1))

@@ -106,6 +106,17 @@ def test_roi_pool_edge_cases(emu):
         assert torch.equal(got, cpu)
 
 
+def test_roi_pool_backward_strided_grad(emu):
+    """A grad with strides of its own in every dimension: the launcher passes them to the kernel."""
+    features, rois = _inputs(6, torch.float32, k=5)
+    grad = torch.randn(4, 3, 3, 5, generator=seeded(3)).permute(3, 1, 2, 0)  # [5, 3, 3, 4]
+    assert grad.stride() == (1, 15, 5, 45)
+    _, argmax, expected = _cpu_roi_pool(features, rois, grad.contiguous(), 1.0, 3, 4)
+    assert bool((argmax >= 0).any())
+    got = emu.roi_pool_backward(grad, rois, argmax, *features.shape)
+    torch.testing.assert_close(got, expected)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_roi_pool_backward_atomics(emu, dtype):
     """One block of 256 threads, 64 adds each, all into one pixel: 4096 rois of 2 x 2 bins that

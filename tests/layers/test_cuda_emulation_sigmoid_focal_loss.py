@@ -130,3 +130,14 @@ def test_edge_cases(emu):
     assert gt.shape == (0,)
     _, expected, _ = _cpu(x, t, torch.ones(700), 0.25, 2.0, "none")
     torch.testing.assert_close(gx, expected, **TOL[torch.float32])
+
+
+def test_backward_strided_grad(emu):
+    """A per-element grad that is not contiguous (the launcher makes it so for the kernel)."""
+    x, t = _inputs(3000, 8, torch.float32)
+    x, t = x.view(30, 100), t.view(30, 100)
+    grad = torch.randn(100, 30, generator=seeded(9)).t()
+    gx, gt, _ = emu.sigmoid_focal_loss_backward(grad, x, t, 0.25, 2.0, "none", True)
+    _, ex, et = _cpu(x, t, grad.contiguous(), 0.25, 2.0, "none")
+    torch.testing.assert_close(gx, ex, **TOL[torch.float32])
+    torch.testing.assert_close(gt, et, **TOL[torch.float32])

@@ -19,7 +19,7 @@ import sysconfig
 import pytest
 
 import detcore._C
-from detcore.utils.cuda_home import find_cuda_home
+from detcore.utils.build_config import find_cuda_home
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,6 +30,10 @@ LAUNCHES = {
     "nms_mask_kernel": ("kBlockBoxes", "0"),
     # The largest n whose removed bitmap still goes to shared memory.
     "nms_unwrap_kernel": ("kUnwrapThreads", "nms_launch(kMaxSharedWords * kBlockBoxes).unwrap_shared_bytes"),
+    "nms_band_mask_kernel": ("kBlockBoxes", "0"),
+    # The widest run (category) whose removed bitmap still goes to shared memory.
+    "nms_band_unwrap_kernel": (
+        "kUnwrapThreads", "nms_band_launch(kMaxSharedWords, 1, kMaxSharedWords).unwrap_shared_bytes"),
     "roi_align_forward_kernel": ("kRoiAlignThreads", "0"),
     "roi_align_backward_kernel": ("kRoiAlignThreads", "0"),
     "roi_pool_forward_kernel": ("kRoiPoolThreads", "0"),

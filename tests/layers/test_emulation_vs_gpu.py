@@ -136,6 +136,18 @@ def test_nms_kept_indices(emu, n, dtype, with_categories):
         assert got.device.type == DEVICE and torch.equal(got.cpu(), emulated), (n, threshold)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batched_nms_banded(emu, dtype):
+    """Over 5000 boxes (launch_config.h's kNmsBandAbove): batched_nms's banded path."""
+    lengths = torch.tensor([1, 64, 65] + [128] * 39)  # 5122 boxes
+    boxes, scores, g = _crowded_boxes(int(lengths.sum()), 7, dtype)
+    idxs = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    idxs = idxs[torch.randperm(len(idxs), generator=g)]
+    emulated = emu.nms(boxes, scores, idxs, 0.5)
+    got = torch.ops.detcore.batched_nms(_on_device(boxes), _on_device(scores), idxs.to(DEVICE), 0.5)
+    assert got.device.type == DEVICE and torch.equal(got.cpu(), emulated)
+
+
 def test_nms_ties_nan_and_duplicates(emu):
     boxes, scores, g = _crowded_boxes(130, 3, torch.float32)
     boxes[10:20] = boxes[0]  # exact duplicates: IoU 1

@@ -1,6 +1,8 @@
 """detcore.layers.roi_align, forward and backward, against a plain-PyTorch reference."""
+import math
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -325,6 +327,55 @@ def test_negative_sampling_ratios_mean_adaptive_as_in_torchvision():
     adaptive = roi_align(x, rois, 2, 1.0, 0, True)
     for ratio in (-1, -2, -100):
         torch.testing.assert_close(roi_align(x, rois, 2, 1.0, ratio, True), adaptive, rtol=0, atol=0)
+
+
+def _bilinear64(plane, y, x):
+    """torchvision's bilinear sample of a float64 [H, W] array at (y, x), aligned semantics."""
+    height, width = plane.shape
+    if y < -1 or y > height or x < -1 or x > width:
+        return 0.0
+    y, x = max(y, 0.0), max(x, 0.0)
+    y0, x0 = int(y), int(x)
+    y1, x1 = min(y0 + 1, height - 1), min(x0 + 1, width - 1)
+    if y0 >= height - 1:
+        y0, y = height - 1, float(height - 1)
+    if x0 >= width - 1:
+        x0, x = width - 1, float(width - 1)
+    ly, lx = y - y0, x - x0
+    return ((1 - ly) * (1 - lx) * plane[y0, x0] + (1 - ly) * lx * plane[y0, x1]
+            + ly * (1 - lx) * plane[y1, x0] + ly * lx * plane[y1, x1])
+
+
+def test_adaptive_grid_counts_samples_as_the_gpu_does():
+    """Issue 22: rows 13..97 at scale 1/3, aligned, are 28.0000019 high in float32 with each step
+    rounded, as on the GPU (28 exactly if y * scale - 0.5 is fused into an FMA), so each of 7 bins
+    takes ceil(4.0000003) = 5 samples, not 4: a float64 reference written here, on every build."""
+    f = np.float32
+    scale, offset, (ph, pw) = f(1 / 3), f(0.5), (7, 2)
+    roi = [0.0, 2.0, 13.0, 9.0, 97.0]
+    x = _features((1, 3, 40, 12), seed=7)
+    out = roi_align(x, torch.tensor([roi]), (ph, pw), float(scale), 0, True)
+
+    start_w, start_h = f(f(roi[1]) * scale) - offset, f(f(roi[2]) * scale) - offset
+    width = (f(f(roi[3]) * scale) - offset) - start_w
+    height = (f(f(roi[4]) * scale) - offset) - start_h
+    grid_w = math.ceil(width / f(pw))
+    assert math.ceil(height / f(ph)) == 5 and height == f(28.0000019)
+
+    def reference(grid_h):
+        planes = x[0].double().numpy()
+        bin_h, bin_w = float(height) / ph, float(width) / pw
+        result = np.zeros((planes.shape[0], ph, pw))
+        for c, plane in enumerate(planes):
+            for i, j in np.ndindex(ph, pw):
+                ys = [float(start_h) + (i + (a + 0.5) / grid_h) * bin_h for a in range(grid_h)]
+                xs = [float(start_w) + (j + (b + 0.5) / grid_w) * bin_w for b in range(grid_w)]
+                result[c, i, j] = np.mean([_bilinear64(plane, y_, x_) for y_ in ys for x_ in xs])
+        return torch.from_numpy(result)[None]
+
+    five, four = reference(5), reference(4)
+    assert (five - four).abs().max() > 1e-2  # the check can tell the grids apart
+    torch.testing.assert_close(out.double(), five, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("aligned", [True, False])

@@ -144,3 +144,17 @@ def test_report_json_and_markdown(tmp_path):
     assert "| 2 | shapes | **FAILED** | 3 s | 0 s | train: failed (no AP) |" in md
     assert "| nms N=1000 iou=0.5 | 0.210 | 0.420 | 2.00x | yes |" in md
     assert "| inference total, ms | 31.0 | 35.0 |" in md and "| peak memory, inference, MiB | 900.0 | - |" in md
+
+
+def test_report_lists_the_host_syncs_of_a_training_iteration(tmp_path):
+    """tests/modeling/test_model_value_checks.py's figure, as the markdown shows it."""
+    syncs = {"model": "R-50-FPN Mask R-CNN", "total": 31, "forward": 25, "backward": 6,
+             "forward_by_op": {"aten::nonzero": 20, "detcore::batched_nms": 4}, "forward_outside_ops": 1,
+             "detcore_ops": {"batched_nms": {"calls": 4, "syncs": 4, "checked": 0}}}
+    state = {"mode": "gpu", "date": "2026-11-30", "budget_s": 450, "seconds": 400.0, "machine": {},
+             "figures": {"host_syncs": syncs}}
+    report.write(str(tmp_path), state, [])
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "Host syncs of one training iteration, R-50-FPN Mask R-CNN: 31 (25 in the forward, 6 in the backward)" in md
+    assert "| aten::nonzero | 20 |" in md and "| (outside any op) | 1 |" in md
+    assert "batched_nms 4x (4 syncs, 0 checked)" in md

@@ -24,10 +24,12 @@ def test_main_sh_trains_evaluates_and_draws_into_one_folder(tiny_cache, tmp_path
     proc = subprocess.run(["bash", os.path.join(REPO, "scripts", "main.sh"), *overrides], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert f"Everything is in {out}" in proc.stdout
+    assert f"Everything is in {out}" in proc.stdout and "error_gallery.png" in proc.stdout
     assert "AP on shapes_val:" in proc.stdout and "segm: AP" in proc.stdout
     for name in ("model_final.pth", "metrics.json", "loss_curves.png", "log.txt", "config.yaml",
-                 "inference/shapes_val/coco_eval_metrics.json"):
+                 "inference/shapes_val/coco_eval_metrics.json", "inference/shapes_val/error_gallery.png",
+                 *(f"inference/shapes_val/{task}_{picture}.png" for task in ("bbox", "segm")
+                   for picture in ("pr_curves", "per_category_ap", "confusion_matrix"))):
         assert (out / name).is_file(), name
     assert sorted(os.listdir(out / "demo")) == ["000000.png", "000001.png"]
     assert "bbox/AP" in read_metrics(str(out / "metrics.json"))[-1]

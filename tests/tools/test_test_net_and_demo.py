@@ -1,4 +1,6 @@
 """tools/test_net.py prints the AP of a checkpoint; tools/demo.py draws its detections into PNGs."""
+import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from detcore.engine.demo import visualize_images
 from detcore.modeling import build_model
 from detcore.utils.visualizer import upscale_factor
 
+from tests.checkpoint.weights_server import serve
 from tests.engine.toy_model import REPO, TINY_RCNN, TINY_VAL, TOY, make_cfg, subprocess_env
 
 LAUNCHER = os.path.join(REPO, "tests", "tools", "launcher.py")
@@ -50,6 +53,9 @@ def test_test_net_prints_ap_of_a_checkpoint(tiny_cache, tmp_path):
     stdout = run("test_net.py", [*TOY, "MODEL.WEIGHTS", weights, "OUTPUT_DIR", str(out)], tiny_cache)
     assert_prints_ap(stdout, ["bbox"])
     assert (out / "inference" / TINY_VAL / "coco_eval_metrics.json").is_file()
+    # The pictures beside the metrics (their content: tests/evaluation/test_pictures.py).
+    for name in ("bbox_pr_curves.png", "bbox_per_category_ap.png", "bbox_confusion_matrix.png"):
+        assert (out / "inference" / TINY_VAL / name).is_file(), name
 
 
 def assert_prints_ar(stdout):
@@ -120,18 +126,22 @@ def check_pngs(out_dir, names):
 
 
 def test_demo_writes_pngs(tiny_cache, tmp_path):
-    # An untrained Mask R-CNN is enough to exercise the pipeline: image in, drawn PNG out.
+    # An untrained Mask R-CNN is enough to exercise the pipeline: image in, drawn PNG out. Its
+    # weights come by URL (--model), from a server on the loopback address, checked by sha256.
     cfg = make_cfg(tmp_path, TINY_RCNN)
     torch.manual_seed(0)
-    weights = str(tmp_path / "init.pth")
-    torch.save({"model": build_model(cfg).state_dict()}, weights)
+    buffer = io.BytesIO()
+    torch.save({"model": build_model(cfg).state_dict()}, buffer)
     images = sorted(os.listdir(val_images()))[:2]
     out = tmp_path / "demo"
-    # Overrides right after the inputs: the tool must tell the two apart.
-    stdout = run("demo.py", ["--output", str(out), "--confidence-threshold", "0.0",
-                             "--input", *(os.path.join(val_images(), n) for n in images),
-                             *TINY_RCNN, "MODEL.WEIGHTS", weights], tiny_cache)
+    with serve() as server:
+        server.files["/team/init.pth"] = buffer.getvalue()
+        url = f"{server.url}/team/init.pth#sha256={hashlib.sha256(buffer.getvalue()).hexdigest()}"
+        # Overrides right after the inputs: the tool must tell the two apart.
+        stdout = run("demo.py", ["--output", str(out), "--confidence-threshold", "0.0", "--model", url,
+                                 "--input", *(os.path.join(val_images(), n) for n in images), *TINY_RCNN], tiny_cache)
     assert f"Wrote 2 picture(s) to {out}" in stdout
+    assert server.count("/team/init.pth") == 1
     check_pngs(out, images)
 
 

@@ -3,7 +3,7 @@ import sys
 
 import torch
 
-from detcore.utils.collect_env import collect_env_info, _format_archs
+from detcore.utils.collect_env import collect_env_info, _format_archs, _format_ptx
 
 
 def test_report_names_the_extension_and_its_kernels():
@@ -14,6 +14,8 @@ def test_report_names_the_extension_and_its_kernels():
     kernels = lines["detcore._C kernels"]
     if torch.ops.detcore._cuda_version() > 0:
         assert kernels.endswith("CPU, CUDA") and "detcore._C CUDA archs" in lines
+        ptx = torch.ops.detcore._cuda_ptx_arch()
+        assert lines["detcore._C CUDA PTX"].endswith(_format_ptx(ptx))
     else:
         assert kernels.endswith("CPU only")
     assert lines["detcore._C CPU vectors"].split()[-1] in ("baseline", "avx2", "avx512")
@@ -30,3 +32,9 @@ def test_runs_as_a_module():
 def test_arch_list_formatting():
     assert _format_archs("800,900") == "sm_80, sm_90"
     assert _format_archs("") == "none"
+
+
+def test_ptx_formatting():
+    assert _format_ptx(120).startswith("compute_120 ")
+    assert _format_ptx(0).startswith("none ")
+    assert _format_ptx(-1).startswith("unknown ")

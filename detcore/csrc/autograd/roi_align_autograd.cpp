@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "../dispatch.h"
+#include "../value_checks.h"
 
 namespace detcore {
 namespace {
@@ -44,6 +45,8 @@ class ROIAlignFunction : public torch::autograd::Function<ROIAlignFunction> {
     ctx->saved_data["pooled_width"] = pooled_width;
     ctx->saved_data["sampling_ratio"] = sampling_ratio;
     ctx->saved_data["aligned"] = aligned;
+    // The backward runs later, on another thread for CUDA: it checks values as this call did.
+    ctx->saved_data["value_checks"] = value_checks_enabled();
     // Symbolic sizes: reading concrete ones would fix a traced graph to the example's shape.
     const auto shape = input.sym_sizes();
     ctx->saved_data["batch_size"] = shape[0];
@@ -58,6 +61,7 @@ class ROIAlignFunction : public torch::autograd::Function<ROIAlignFunction> {
 
   static variable_list backward(AutogradContext* ctx, const variable_list& grad_output) {
     auto rois = ctx->get_saved_variables()[0];
+    const ValueChecksGuard checks(ctx->saved_data["value_checks"].toBool());
     auto grad_input = ROIAlignBackwardFunction::apply(
         grad_output[0], rois, ctx->saved_data["spatial_scale"].toDouble(),
         ctx->saved_data["pooled_height"].toInt(), ctx->saved_data["pooled_width"].toInt(),

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "../dispatch.h"
+#include "../value_checks.h"
 
 namespace detcore {
 namespace {
@@ -39,6 +40,8 @@ class ROIPoolFunction : public torch::autograd::Function<ROIPoolFunction> {
     ctx->saved_data["spatial_scale"] = spatial_scale;
     ctx->saved_data["pooled_height"] = pooled_height;
     ctx->saved_data["pooled_width"] = pooled_width;
+    // The backward runs later, on another thread for CUDA: it checks values as this call did.
+    ctx->saved_data["value_checks"] = value_checks_enabled();
     // Symbolic sizes: reading concrete ones would fix a traced graph to the example's shape.
     const auto shape = input.sym_sizes();
     ctx->saved_data["batch_size"] = shape[0];
@@ -55,6 +58,7 @@ class ROIPoolFunction : public torch::autograd::Function<ROIPoolFunction> {
 
   static variable_list backward(AutogradContext* ctx, const variable_list& grad_output) {
     const auto saved = ctx->get_saved_variables();
+    const ValueChecksGuard checks(ctx->saved_data["value_checks"].toBool());
     auto grad_input = ROIPoolBackwardFunction::apply(
         grad_output[0], saved[0], saved[1], ctx->saved_data["spatial_scale"].toDouble(),
         ctx->saved_data["pooled_height"].toInt(), ctx->saved_data["pooled_width"].toInt(),

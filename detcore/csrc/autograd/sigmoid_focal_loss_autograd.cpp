@@ -9,6 +9,7 @@
 #include <string>
 
 #include "../dispatch.h"
+#include "../value_checks.h"
 
 namespace detcore {
 namespace {
@@ -45,6 +46,8 @@ class SigmoidFocalLossFunction : public torch::autograd::Function<SigmoidFocalLo
     ctx->saved_data["alpha"] = alpha;
     ctx->saved_data["gamma"] = gamma;
     ctx->saved_data["reduction"] = std::string(reduction);
+    // The backward runs later, on another thread for CUDA: it checks values as this call did.
+    ctx->saved_data["value_checks"] = value_checks_enabled();
     ctx->save_for_backward({inputs, targets});
     at::AutoDispatchBelowADInplaceOrView guard;
     return {call_sigmoid_focal_loss(inputs, targets, alpha, gamma, reduction)};
@@ -54,6 +57,7 @@ class SigmoidFocalLossFunction : public torch::autograd::Function<SigmoidFocalLo
     const auto saved = ctx->get_saved_variables();
     const bool targets_grad = ctx->needs_input_grad(1);
     const std::string reduction = ctx->saved_data["reduction"].toStringRef();
+    const ValueChecksGuard checks(ctx->saved_data["value_checks"].toBool());
     auto grads = SigmoidFocalLossBackwardFunction::apply(
         grad_output[0], saved[0], saved[1], ctx->saved_data["alpha"].toDouble(),
         ctx->saved_data["gamma"].toDouble(), reduction, targets_grad);

@@ -16,8 +16,6 @@
 // kept without entering either walk. Both walks check for Ctrl-C between blocks (interrupt.h).
 #include <algorithm>
 #include <atomic>
-#include <cmath>
-#include <limits>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -25,6 +23,7 @@
 #include <torch/library.h>
 
 #include "../checks.h"
+#include "../nms_common.h"
 #include "compute_type.h"
 #include "interrupt.h"
 #include "nms_grid.h"
@@ -36,17 +35,6 @@ namespace {
 constexpr int64_t kBlock = 256;         // plain walk: candidates settled before a compaction
 constexpr int64_t kGridMinBoxes = 512;  // fewer boxes: the plain walk (measured: the grid walk
                                         // lost in 22 of 24 layouts at 256 boxes)
-
-// The largest T not above `threshold`: for any T value v, v > result <=> (double)v > threshold,
-// so comparing in T gives torchvision's result, which compares in double.
-template <typename T>
-T threshold_in(double threshold) {
-  T t = static_cast<T>(threshold);
-  if (static_cast<double>(t) > threshold) {
-    t = std::nextafter(t, -std::numeric_limits<T>::infinity());
-  }
-  return t;
-}
 
 // The plain walk's candidates, in decreasing score order, as structure-of-arrays: the boxes of
 // the walk that an IoU can involve (the inert ones are kept at once, nms_grid::is_inert).

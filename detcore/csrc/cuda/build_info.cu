@@ -21,4 +21,14 @@ std::string cuda_arch_list_compiled() {
 #endif
 }
 
+// setup.py passes the newest arch whose PTX it asks nvcc to embed (0: none), read from the
+// -gencode flags: nvcc itself names no difference between a PTX and a SASS target.
+int64_t cuda_ptx_arch_compiled() {
+#ifdef DETCORE_CUDA_PTX_ARCH
+  return DETCORE_CUDA_PTX_ARCH;
+#else
+  return -1;
+#endif
+}
+
 }  // namespace detcore

@@ -1,31 +1,20 @@
 // Launchers of deform_conv2d and its backward: the argument checks, the device, the stream and
-// the non-determinism alert; the sequence of kernels and GEMMs is deform_conv2d_launch.h's
-// (shared with the CUDA emulation of the tests), the kernels deform_conv2d_kernels.cuh's.
+// the non-determinism alert; the buffers and the sequence of kernels and GEMMs are
+// deform_conv2d_launch.h's (shared with the CUDA emulation of the tests), the kernels
+// deform_conv2d_kernels.cuh's.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
-#include <ATen/OpMathType.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <cstdint>
 
 #include "../checks.h"
+#include "cuda_launch.h"
 #include "deform_conv2d_launch.h"
-#include "launch_config.h"
 
 namespace detcore {
 namespace {
-
-struct CudaLaunch {
-  cudaStream_t stream;
-  template <typename Kernel, typename... Args>
-  void operator()(int64_t total, Kernel kernel, Args... args) const {
-    if (total == 0) return;
-    kernel<<<deform_conv2d_blocks(total), kDeformConvThreads, 0, stream>>>(args...);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-};
 
 at::Tensor deform_conv2d_forward_cuda(
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
@@ -38,13 +27,7 @@ at::Tensor deform_conv2d_forward_cuda(
   at::cuda::CUDAGuard device_guard(input.device());
   const DeformConvArguments a{stride_h, stride_w, pad_h, pad_w,
                               dilation_h, dilation_w, groups, offset_groups};
-  const CudaLaunch launch{at::cuda::getCurrentCUDAStream()};
-  at::Tensor out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, input.scalar_type(), "detcore_deform_conv2d_forward_cuda", [&] {
-        out = deform_conv2d_forward_launch<scalar_t>(input, weight, offset, mask, bias, a, launch);
-      });
-  return out;
+  return deform_conv2d_forward_launch(input, weight, offset, mask, bias, a, CudaLaunch{});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -63,13 +46,7 @@ deform_conv2d_backward_cuda(
   at::globalContext().alertNotDeterministic("deform_conv2d_backward_cuda");
   const DeformConvArguments a{stride_h, stride_w, pad_h, pad_w,
                               dilation_h, dilation_w, groups, offset_groups};
-  const CudaLaunch launch{at::cuda::getCurrentCUDAStream()};
-  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> grads;
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, input.scalar_type(), "detcore_deform_conv2d_backward_cuda", [&] {
-        grads = deform_conv2d_backward_launch<scalar_t>(grad, input, weight, offset, mask, a, launch);
-      });
-  return grads;
+  return deform_conv2d_backward_launch(grad, input, weight, offset, mask, a, CudaLaunch{});
 }
 
 }  // namespace

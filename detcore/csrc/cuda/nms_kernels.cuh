@@ -44,10 +44,12 @@ __device__ __forceinline__ A box_iou(const A* a, const A* b) {
 // mask[i * col_blocks + cb], bit k: box i suppresses box cb * 64 + k (which ranks below i).
 // Only words with cb >= i's row block are written; the unwrap kernel reads no others.
 // categories (sorted like the boxes) may be null; when given, only equal categories suppress.
+// iou_threshold is the threshold in A (nms_common.h's threshold_in): the comparison in A gives
+// the answer of the comparison in double, without double arithmetic on the GPU.
 template <typename T, typename A>
 __global__ void nms_mask_kernel(
     int64_t n, int64_t col_blocks, const T* __restrict__ boxes,
-    const int64_t* __restrict__ categories, double iou_threshold,
+    const int64_t* __restrict__ categories, A iou_threshold,
     unsigned long long* __restrict__ mask) {
   DETCORE_SHARED_ARRAY(A, col_boxes, kBlockBoxes * 4);
   DETCORE_SHARED_ARRAY(int64_t, col_categories, kBlockBoxes);
@@ -87,8 +89,7 @@ __global__ void nms_mask_kernel(
           if (categories != nullptr && col_categories[k] != row_category) {
             continue;
           }
-          // Compared in double, like the CPU kernel: the threshold is not rounded to A.
-          if (static_cast<double>(box_iou(row_box, col_boxes + k * 4)) > iou_threshold) {
+          if (box_iou(row_box, col_boxes + k * 4) > iou_threshold) {
             bits |= 1ULL << k;
           }
         }

@@ -12,6 +12,7 @@
 
 #include "../roi_align_common.h"
 #include "../rounded_ops.h"
+#include "roi_guard.h"
 
 namespace detcore {
 namespace {  // included by roi_align_kernel.cu alone (and by the emulation's own translation unit)
@@ -36,12 +37,16 @@ __device__ __forceinline__ PooledIndex unflatten(
 template <typename T, typename A>
 __global__ void roi_align_forward_kernel(
     int64_t total, const T* __restrict__ input, const T* __restrict__ rois, A spatial_scale,
-    int64_t channels, int64_t height, int64_t width, int64_t pooled_height, int64_t pooled_width,
-    int64_t sampling_ratio, bool aligned, T* __restrict__ output) {
+    int64_t batch_size, int64_t channels, int64_t height, int64_t width, int64_t pooled_height,
+    int64_t pooled_width, int64_t sampling_ratio, bool aligned, T* __restrict__ output) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; index < total;
        index += stride) {
     const PooledIndex p = unflatten(index, channels, pooled_height, pooled_width);
+    if (!roi_usable<A>(rois + p.k * 5, batch_size)) {
+      output[index] = T(0);
+      continue;
+    }
     const RoiGeometry<A> g = roi_geometry<A>(
         rois + p.k * 5, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned);
     const T* plane = input + (g.batch * channels + p.c) * height * width;
@@ -77,12 +82,15 @@ template <typename T, typename A>
 __global__ void roi_align_backward_kernel(
     int64_t total, const T* __restrict__ grad, int64_t grad_stride_k, int64_t grad_stride_c,
     int64_t grad_stride_h, int64_t grad_stride_w, const T* __restrict__ rois, A spatial_scale,
-    int64_t channels, int64_t height, int64_t width, int64_t pooled_height, int64_t pooled_width,
-    int64_t sampling_ratio, bool aligned, A* __restrict__ grad_input) {
+    int64_t batch_size, int64_t channels, int64_t height, int64_t width, int64_t pooled_height,
+    int64_t pooled_width, int64_t sampling_ratio, bool aligned, A* __restrict__ grad_input) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; index < total;
        index += stride) {
     const PooledIndex p = unflatten(index, channels, pooled_height, pooled_width);
+    if (!roi_usable<A>(rois + p.k * 5, batch_size)) {
+      continue;
+    }
     const RoiGeometry<A> g = roi_geometry<A>(
         rois + p.k * 5, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned);
     const A grad_bin = static_cast<A>(

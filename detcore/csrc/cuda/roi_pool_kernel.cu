@@ -1,9 +1,8 @@
-// Launchers of roi_pool and its backward; the kernels are in roi_pool_kernels.cuh, the grid in
-// launch_config.h.
+// Launchers of roi_pool and its backward: the argument checks, the device, the stream and the
+// non-determinism alert; the buffers and launches are roi_pool_launch.h's (shared with the CUDA
+// emulation of the tests), the kernels roi_pool_kernels.cuh's.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
-#include <ATen/OpMathType.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -11,8 +10,9 @@
 #include <tuple>
 
 #include "../checks.h"
-#include "launch_config.h"
-#include "roi_pool_kernels.cuh"
+#include "../value_checks.h"
+#include "cuda_launch.h"
+#include "roi_pool_launch.h"
 
 namespace detcore {
 namespace {
@@ -20,35 +20,11 @@ namespace {
 std::tuple<at::Tensor, at::Tensor> roi_pool_forward_cuda(
     const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t pooled_height,
     int64_t pooled_width) {
-  check_roi_pool_inputs(input, rois, spatial_scale, pooled_height, pooled_width);
+  check_roi_pool_inputs(
+      input, rois, spatial_scale, pooled_height, pooled_width, value_checks_enabled());
   at::cuda::CUDAGuard device_guard(input.device());
-
-  const int64_t channels = input.size(1);
-  const int64_t height = input.size(2);
-  const int64_t width = input.size(3);
-  at::Tensor output =
-      at::empty({rois.size(0), channels, pooled_height, pooled_width}, input.options());
-  at::Tensor argmax = at::empty(output.sizes(), input.options().dtype(at::kInt));
-  const int64_t total = output.numel();
-  if (total == 0) {
-    return {output, argmax};
-  }
-
-  // Every thread writes its element, also for a map without pixels (empty bins: 0 and -1).
-  const at::Tensor input_c = input.contiguous();
-  const at::Tensor rois_c = rois.contiguous();
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, input.scalar_type(), "detcore_roi_pool_forward_cuda", [&] {
-        using acc_t = at::opmath_type<scalar_t>;
-        roi_pool_forward_kernel<scalar_t, acc_t>
-            <<<roi_pool_blocks(total), kRoiPoolThreads, 0, stream>>>(
-                total, input_c.data_ptr<scalar_t>(), rois_c.data_ptr<scalar_t>(),
-                static_cast<acc_t>(spatial_scale), channels, height, width, pooled_height,
-                pooled_width, output.data_ptr<scalar_t>(), argmax.data_ptr<int32_t>());
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
-  return {output, argmax};
+  return roi_pool_forward_launch(
+      input, rois, spatial_scale, pooled_height, pooled_width, CudaLaunch{});
 }
 
 at::Tensor roi_pool_backward_cuda(
@@ -57,35 +33,13 @@ at::Tensor roi_pool_backward_cuda(
     int64_t channels, int64_t height, int64_t width) {
   check_roi_pool_backward_inputs(
       grad, rois, argmax, spatial_scale, pooled_height, pooled_width, batch_size, channels,
-      height, width);
+      height, width, value_checks_enabled());
   at::cuda::CUDAGuard device_guard(grad.device());
   // The atomics add in whatever order the threads arrive: the float sums vary run to run.
   at::globalContext().alertNotDeterministic("roi_pool_backward_cuda");
-
-  const at::ScalarType acc_type = at::toOpMathType(grad.scalar_type());
-  at::Tensor grad_input =
-      at::zeros({batch_size, channels, height, width}, grad.options().dtype(acc_type));
-  const int64_t total = grad.numel();
-  if (total == 0 || height == 0 || width == 0) {
-    return grad_input.to(grad.scalar_type());
-  }
-
-  const at::Tensor rois_c = rois.contiguous();
-  const at::Tensor argmax_c = argmax.contiguous();
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, grad.scalar_type(), "detcore_roi_pool_backward_cuda", [&] {
-        using acc_t = at::opmath_type<scalar_t>;
-        roi_pool_backward_kernel<scalar_t, acc_t>
-            <<<roi_pool_blocks(total), kRoiPoolThreads, 0, stream>>>(
-                total, grad.data_ptr<scalar_t>(), grad.stride(0), grad.stride(1), grad.stride(2),
-                grad.stride(3), argmax_c.data_ptr<int32_t>(), rois_c.data_ptr<scalar_t>(),
-                channels, height, width, pooled_height, pooled_width,
-                grad_input.data_ptr<acc_t>());
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      });
-  // A no-op for float / double (same dtype); one cast for half / bfloat16.
-  return grad_input.to(grad.scalar_type());
+  return roi_pool_backward_launch(
+      grad, rois, argmax, pooled_height, pooled_width, batch_size, channels, height, width,
+      CudaLaunch{});
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "../roi_pool_common.h"
+#include "roi_guard.h"
 
 namespace detcore {
 namespace {  // included by roi_pool_kernel.cu alone (and by the emulation's own translation unit)
@@ -19,8 +20,8 @@ namespace {  // included by roi_pool_kernel.cu alone (and by the emulation's own
 template <typename T, typename A>
 __global__ void roi_pool_forward_kernel(
     int64_t total, const T* __restrict__ input, const T* __restrict__ rois, A spatial_scale,
-    int64_t channels, int64_t height, int64_t width, int64_t pooled_height, int64_t pooled_width,
-    T* __restrict__ output, int32_t* __restrict__ argmax) {
+    int64_t batch_size, int64_t channels, int64_t height, int64_t width, int64_t pooled_height,
+    int64_t pooled_width, T* __restrict__ output, int32_t* __restrict__ argmax) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; index < total;
        index += stride) {
@@ -29,6 +30,11 @@ __global__ void roi_pool_forward_kernel(
     const int64_t ph = (index / pooled_width) % pooled_height;
     const int64_t c = (index / pooled_width / pooled_height) % channels;
     const int64_t k = index / pooled_width / pooled_height / channels;
+    if (!roi_usable<A>(rois + k * 5, batch_size)) {
+      output[index] = T(0);
+      argmax[index] = -1;
+      continue;
+    }
     const RoiPoolGeometry<A> g =
         roi_pool_geometry<A>(rois + k * 5, spatial_scale, pooled_height, pooled_width);
     const PixelRange rows = roi_pool_bin_range(g.start_h, g.bin_h, ph, height);
@@ -58,19 +64,24 @@ template <typename T, typename A>
 __global__ void roi_pool_backward_kernel(
     int64_t total, const T* __restrict__ grad, int64_t grad_stride_k, int64_t grad_stride_c,
     int64_t grad_stride_h, int64_t grad_stride_w, const int32_t* __restrict__ argmax,
-    const T* __restrict__ rois, int64_t channels, int64_t height, int64_t width,
-    int64_t pooled_height, int64_t pooled_width, A* __restrict__ grad_input) {
+    const T* __restrict__ rois, int64_t batch_size, int64_t channels, int64_t height,
+    int64_t width, int64_t pooled_height, int64_t pooled_width, A* __restrict__ grad_input) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; index < total;
        index += stride) {
     const int32_t offset = argmax[index];
-    if (offset < 0) {
-      continue;  // an empty bin (or one of only NaN / -FLT_MAX values) passes nothing back
+    // An empty bin (or one of only NaN / -FLT_MAX values) passes nothing back; an offset past the
+    // plane comes only from unchecked inputs (value_checks.h).
+    if (offset < 0 || offset >= height * width) {
+      continue;
     }
     const int64_t pw = index % pooled_width;
     const int64_t ph = (index / pooled_width) % pooled_height;
     const int64_t c = (index / pooled_width / pooled_height) % channels;
     const int64_t k = index / pooled_width / pooled_height / channels;
+    if (!roi_usable<A>(rois + k * 5, batch_size)) {
+      continue;
+    }
     const int64_t batch = float_to_int<int64_t>(static_cast<A>(rois[k * 5]));
     const A value = static_cast<A>(
         grad[k * grad_stride_k + c * grad_stride_c + ph * grad_stride_h + pw * grad_stride_w]);

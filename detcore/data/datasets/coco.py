@@ -36,7 +36,7 @@ from .annotation_checks import (
 )
 from .keypoint_meta import keypoint_metadata_from_categories
 
-__all__ = ["load_coco_json", "register_coco_instances"]
+__all__ = ["load_coco_json", "read_coco_categories", "register_coco_instances"]
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +159,17 @@ def _parse_image(img: Any, index: int, json_file: str) -> dict:
     if problem:
         raise ValueError(f"{json_file}: image id {img['id']}: {problem}")
     return img
+
+
+def read_coco_categories(json_file: str) -> Dict[str, Any]:
+    """The metadata a COCO json's categories give, without reading its annotations:
+    ``thing_classes``, ``thing_dataset_id_to_contiguous_id`` and, for a keypoint json, the
+    keypoint metadata (what ``load_coco_json`` sets with ``dataset_name``)."""
+    json_file = os.fspath(json_file)
+    data = _read_json(json_file)
+    thing_classes, id_map = _parse_categories(data, json_file)
+    meta = keypoint_metadata_from_categories(data["categories"], json_file)
+    return dict(thing_classes=thing_classes, thing_dataset_id_to_contiguous_id=id_map, **meta)
 
 
 def load_coco_json(json_file: str, image_root: str, dataset_name: Optional[str] = None) -> List[dict]:

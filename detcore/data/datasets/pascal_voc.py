@@ -31,7 +31,7 @@ from typing import Callable, List, Optional, Sequence
 from ..catalog import DatasetCatalog, MetadataCatalog
 from .annotation_checks import DropReport, box_reason, image_size_problem
 
-__all__ = ["VOC_CLASSES", "load_voc_instances", "register_pascal_voc"]
+__all__ = ["VOC_CLASSES", "load_voc_instances", "read_voc_class_names", "register_pascal_voc"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,29 @@ def _parse_annotation_file(xml_file: str, class_index: dict, drops: DropReport) 
             {"bbox": bbox, "category_id": class_index[name], "iscrowd": 0, "difficult": int(difficult)}
         )
     return {"height": height, "width": width, "annotations": annotations}
+
+
+def read_voc_class_names(annotations_dir: str) -> List[str]:
+    """The object class names used in ``annotations_dir/*.xml`` (every file, whatever split lists
+    it, so that all splits of a folder get the same classes), sorted: the VOC devkit's 20 names
+    come out in ``VOC_CLASSES`` order."""
+    annotations_dir = os.fspath(annotations_dir)
+    if not os.path.isdir(annotations_dir):
+        raise FileNotFoundError(f"VOC annotation folder not found: {annotations_dir}")
+    names = set()
+    for entry in sorted(os.listdir(annotations_dir)):
+        if not entry.endswith(".xml"):
+            continue
+        xml_file = os.path.join(annotations_dir, entry)
+        try:
+            root = ET.parse(xml_file).getroot()
+        except ET.ParseError as e:
+            raise ValueError(f"{xml_file} is not valid XML: {e}") from None
+        for k, obj in enumerate(root.findall("object")):
+            names.add(_text(obj, "name", xml_file, f"object #{k}"))
+    if not names:
+        raise ValueError(f"No <object> with a <name> in any .xml file of {annotations_dir}: no class names to train on")
+    return sorted(names)
 
 
 def load_voc_instances(dirname: str, split: str, class_names: Sequence[str] = VOC_CLASSES) -> List[dict]:

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from detcore.config.choices import BOX_REG_LOSS_TYPES, RETINANET_LOSS_NORMALIZERS
 from detcore import layers
-from detcore.layers import batched_nms
+from detcore.layers import batched_nms, trusted_inputs
 from detcore.structures import Boxes, ImageList, Instances, pairwise_iou
 from detcore.utils.registry import build_from_config
 
@@ -237,9 +237,10 @@ class RetinaNet(DetectorBase):
         foreground = (gt_labels >= 0) & (gt_labels != self.num_classes)
         # The class loss reads each level's logits in place: concatenating, gathering the
         # non-ignored anchors and one-hot targets would each copy [B, R, K] (70 MB per image).
-        cls_losses = layers.sigmoid_focal_loss_per_image(
-            pred_logits, gt_labels, self.focal_loss_alpha, self.focal_loss_gamma
-        )  # [B]
+        with trusted_inputs():  # labels from the matcher: no value checks of targets on a GPU
+            cls_losses = layers.sigmoid_focal_loss_per_image(
+                pred_logits, gt_labels, self.focal_loss_alpha, self.focal_loss_gamma
+            )  # [B]
         box_losses = []
         for i in range(num_images):
             fg = foreground[i]
@@ -315,7 +316,8 @@ class RetinaNet(DetectorBase):
         boxes, scores, classes = boxes[finite], scores[finite], classes[finite]
         if self.clip_before_nms:
             boxes = Boxes(boxes).clip(image_size).tensor
-        keep = batched_nms(boxes, scores, classes, self.test_nms_thresh)[: self.max_detections_per_image]
+        with trusted_inputs():  # integer class ids: no value checks to skip, only its size sync
+            keep = batched_nms(boxes, scores, classes, self.test_nms_thresh)[: self.max_detections_per_image]
         boxes = Boxes(boxes[keep])
         if not self.clip_before_nms:
             boxes.clip(image_size)

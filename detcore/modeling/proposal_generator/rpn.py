@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detcore.layers import batched_nms
+from detcore.layers import batched_nms, trusted_inputs
 from detcore.layers.shape_spec import ShapeSpec
 from detcore.structures import Boxes, ImageList, Instances, pairwise_iou
 from detcore.config.choices import BOX_REG_LOSS_TYPES, RPN_LOSS_NORMALIZERS, RPN_PROPOSAL_RANKINGS
@@ -95,7 +95,8 @@ def find_top_rpn_proposals(
         boxes, scores, lvl = boxes[keep], scores[keep], lvl[keep]
 
         rank = scores if ranking == "logit" else torch.sigmoid(scores)
-        keep = batched_nms(boxes.tensor, rank, lvl, nms_thresh)
+        with trusted_inputs():  # integer level ids: no value checks to skip, only its size sync
+            keep = batched_nms(boxes.tensor, rank, lvl, nms_thresh)
         if ranking == "torchvision":
             keep = _torchvision_order(keep, rank, boxes.tensor)
         keep = keep[:post_nms_topk]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from detcore.config.choices import BOX_REG_LOSS_TYPES
-from detcore.layers import ShapeSpec, batched_nms
+from detcore.layers import ShapeSpec, batched_nms, trusted_inputs
 from detcore.structures import Boxes, Instances, clip_limits
 from detcore.utils.registry import Registry
 
@@ -115,7 +115,8 @@ def fast_rcnn_inference_single_image(
         big = ((boxes[:, 2] - boxes[:, 0]) >= min_box_size) & ((boxes[:, 3] - boxes[:, 1]) >= min_box_size)
         boxes, scores, pairs = boxes[big], scores[big], pairs[big]
 
-    keep = batched_nms(boxes, scores, pairs[:, 1], nms_thresh)
+    with trusted_inputs():  # integer class ids: no value checks to skip, only its size sync
+        keep = batched_nms(boxes, scores, pairs[:, 1], nms_thresh)
     if topk_per_image >= 0:
         keep = keep[:topk_per_image]
     boxes, scores, pairs = boxes[keep], scores[keep], pairs[keep]

@@ -24,8 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 SOURCES = [
     os.path.join(HERE, name)
     for name in (
-        "cuda_emulation.cpp", "emulated_nms.cpp", "emulated_roi_align.cpp", "emulated_roi_pool.cpp",
-        "emulated_deform_conv2d.cpp", "emulated_sigmoid_focal_loss.cpp",
+        "cuda_emulation.cpp", "emulated_launch.cpp", "emulated_nms.cpp", "emulated_roi_align.cpp",
+        "emulated_roi_pool.cpp", "emulated_deform_conv2d.cpp", "emulated_sigmoid_focal_loss.cpp",
     )
 ]
 # -ffp-contract=off: a * b + c is two roundings, never an FMA (see cuda_emulation.h).
@@ -91,13 +91,19 @@ def load():
     return torch.ops.detcore_emulated
 
 
-def fma_probe():
-    """Builds fma_probe.cpp with FMA contraction on (as nvcc compiles device code); its path."""
-    flags = ["-std=c++20", "-O2", "-mfma", "-ffp-contract=fast"]
-    path = os.path.join(build_directory("fma_probe", flags), "fma_probe")
+# g++ flags that fuse a * b + c where it can, as nvcc compiles device code (-fmad=true).
+DEVICE_FMA_FLAGS = ["-std=c++20", "-O2", "-mfma", "-ffp-contract=fast"]
+
+
+def fma_probe(flags=DEVICE_FMA_FLAGS, compiler="g++"):
+    """Builds fma_probe.cpp with these flags; its path. The default builds the device geometry
+    with FMA contraction on; flags with -DDETCORE_FMA_PROBE_HOST build the host one (compiler
+    may be nvcc, with -x cu: the host half of a .cu file)."""
+    flags = list(flags)
+    path = os.path.join(build_directory("fma_probe", [compiler, *flags]), "fma_probe")
     if not os.path.exists(path):
         source = os.path.join(HERE, "fma_probe.cpp")
-        subprocess.run(["g++", *flags, "-I", ROOT, source, "-o", path + ".tmp"], check=True)
+        subprocess.run([compiler, *flags, "-I", ROOT, source, "-o", path + ".tmp"], check=True)
         os.replace(path + ".tmp", path)  # whole, even if another test run builds it too
     return path
 

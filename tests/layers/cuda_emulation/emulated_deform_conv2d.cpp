@@ -1,32 +1,22 @@
 // torch.ops.detcore_emulated.deform_conv2d* : detcore's CUDA deform_conv2d kernels
 // (deform_conv2d_kernels.cuh) run by the CUDA emulation on CPU tensors, through the launcher's
-// own host sequence (deform_conv2d_launch.h) with the launcher's grid (launch_config.h). The
-// grid limit is an argument, defaulting to the real one.
+// own host sequence (deform_conv2d_launch.h). The grid limit is an argument, defaulting to the
+// real one.
+#include "emulated_launch.h"  // first: the emulation before detcore's headers
+
 #include <ATen/ATen.h>
-#include <ATen/OpMathType.h>
 #include <torch/library.h>
 
 #include <string>
 #include <tuple>
 
-#include "cuda_emulation.h"
 #include "detcore/csrc/cuda/deform_conv2d_launch.h"
 #include "detcore/csrc/cuda/launch_config.h"
 
 namespace {
 
+using cuda_emulation::with_max_blocks;
 using detcore::DeformConvArguments;
-
-struct EmulatedLaunch {
-  int64_t max_blocks;
-  template <typename Kernel, typename... Args>
-  void operator()(int64_t total, Kernel kernel, Args... args) const {
-    if (total == 0) return;
-    cuda_emulation::launch(
-        dim3(detcore::deform_conv2d_blocks(total, max_blocks)), dim3(detcore::kDeformConvThreads),
-        0, kernel, args...);
-  }
-};
 
 at::Tensor deform_conv2d(
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
@@ -35,12 +25,8 @@ at::Tensor deform_conv2d(
     int64_t dilation_w, int64_t groups, int64_t offset_groups, int64_t max_blocks) {
   const DeformConvArguments a{stride_h, stride_w, pad_h, pad_w,
                               dilation_h, dilation_w, groups, offset_groups};
-  at::Tensor out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_conv2d", [&] {
-    out = detcore::deform_conv2d_forward_launch<scalar_t>(
-        input, weight, offset, mask, bias, a, EmulatedLaunch{max_blocks});
-  });
-  return out;
+  return detcore::deform_conv2d_forward_launch(
+      input, weight, offset, mask, bias, a, with_max_blocks(max_blocks));
 }
 
 at::Tensor deform_conv2d_columns(
@@ -50,12 +36,8 @@ at::Tensor deform_conv2d_columns(
     int64_t max_blocks) {
   const DeformConvArguments a{stride_h, stride_w, pad_h, pad_w,
                               dilation_h, dilation_w, groups, offset_groups};
-  at::Tensor columns;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_columns", [&] {
-    columns = detcore::deform_conv2d_columns<scalar_t>(
-        input, weight, offset, mask, a, EmulatedLaunch{max_blocks});
-  });
-  return columns;
+  return detcore::deform_conv2d_columns(
+      input, weight, offset, mask, a, with_max_blocks(max_blocks));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_conv2d_backward(
@@ -65,12 +47,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
     int64_t groups, int64_t offset_groups, int64_t max_blocks) {
   const DeformConvArguments a{stride_h, stride_w, pad_h, pad_w,
                               dilation_h, dilation_w, groups, offset_groups};
-  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> grads;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_backward", [&] {
-    grads = detcore::deform_conv2d_backward_launch<scalar_t>(
-        grad, input, weight, offset, mask, a, EmulatedLaunch{max_blocks});
-  });
-  return grads;
+  return detcore::deform_conv2d_backward_launch(
+      grad, input, weight, offset, mask, a, with_max_blocks(max_blocks));
 }
 
 }  // namespace

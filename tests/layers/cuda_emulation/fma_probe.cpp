@@ -1,6 +1,8 @@
 // ROIAlign's device geometry (roi_align_common.h, as the CUDA kernels compile it) as a plain
 // program, built by the tests with -mfma -ffp-contract=fast: g++ then fuses a * b + c into FMAs
 // where it can, as nvcc does by default, and the geometry must still be the CPU kernel's.
+// With -DDETCORE_FMA_PROBE_HOST it is the host geometry instead (rounded_ops.h's plain
+// operators, as the CPU kernels compile it), for a build with setup.py's C++ flags and -mfma.
 //   fma_probe spatial_scale pooled_h pooled_w sampling_ratio aligned  x1 y1 x2 y2 [x1 y1 x2 y2 ...]
 // First line: (97 / 3 - 0.5) - (13 / 3 - 0.5) in float with plain operators: 28 when this build
 // fuses a * b - c, 28.0000019 when it does not. Then one line per roi:
@@ -8,7 +10,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+#ifndef DETCORE_FMA_PROBE_HOST
 #include "cuda_emulation.h"
+#endif
 #include "detcore/csrc/roi_align_common.h"
 
 namespace {

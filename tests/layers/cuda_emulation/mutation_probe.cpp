@@ -101,7 +101,7 @@ int roi_pool_backward(int64_t rois, int64_t side) {
       detcore::roi_pool_backward_kernel<float, float>, rois,
       static_cast<const float*>(grad.data()), int64_t(1), int64_t(1), int64_t(1), int64_t(1),
       static_cast<const int32_t*>(argmax.data()), static_cast<const float*>(roi_values.data()),
-      int64_t(1), side, side, int64_t(1), int64_t(1), grad_input.data());
+      int64_t(1), int64_t(1), side, side, int64_t(1), int64_t(1), grad_input.data());
   for (const float value : grad_input) {
     std::printf("%.9g\n", value);
   }
