@@ -1,5 +1,6 @@
 // The SIGINT hook and the Python side of Interrupt (interrupt.h).
 #include "interrupt.h"
+#include "work_counters.h"
 
 #include <Python.h>
 
@@ -30,6 +31,8 @@ using interrupt_detail::sigint_count;
 // last check and the op's call): an op starts from this count, not from the current one, so
 // that its first check asks Python (once per SIGINT, not once per op).
 std::atomic<uint64_t> asked_python{0};
+
+std::atomic<int64_t> interrupted_ops{0};  // work_counters.h
 
 #if defined(__unix__) || defined(__APPLE__)
 
@@ -125,6 +128,8 @@ bool python_handles_signals_here() { return false; }
 
 }  // namespace
 
+int64_t interrupted_op_count() { return interrupted_ops.load(std::memory_order_relaxed); }
+
 Interrupt::Interrupt()
     : caller_(std::this_thread::get_id()), armed_(python_handles_signals_here()), seen_(0) {
   uint64_t start = sigint_count.load(std::memory_order_acquire);
@@ -147,6 +152,7 @@ bool Interrupt::on_signal() {
     asked_python.store(now, std::memory_order_release);  // every SIGINT counted is handled now
     if (raised != 0) {  // Python's handler raised: that exception ends the op
       stopped_.store(true, std::memory_order_release);
+      interrupted_ops.fetch_add(1, std::memory_order_relaxed);
       python_error error;  // torch's (global namespace): Python gets the exception itself back
       error.persist();
       // What TorchScript's interpreter, which rethrows a RuntimeError, shows: say what it was.

@@ -143,6 +143,9 @@ class GreedyGrid {
     return 6.7 * (cells + visits) / queries + 0.19 * entries / queries + 38 < 0.154 * n_;
   }
 
+  // IoUs computed by run() so far.
+  int64_t ious() const { return ious_; }
+
   // Sets keep[rank(i)] for the kept candidates; asks `interrupt` every kCheckEvery candidates
   // (each kept one scans at most every later box) and returns early when it says stop.
   void run(uint8_t* keep, Interrupt& interrupt) {
@@ -339,6 +342,7 @@ class GreedyGrid {
     const T kx1 = b[0], ky1 = b[1], kx2 = b[2], ky2 = b[3];
     const T karea = (kx2 - kx1) * (ky2 - ky1);
     const int64_t count = hi - lo;
+    ious_ += count;
     int32_t* hit = hit_.data();
     const int64_t hits = iou_hits(
         kx1, ky1, kx2, ky2, karea, x1_.data() + lo, y1_.data() + lo, x2_.data() + lo,
@@ -371,6 +375,7 @@ class GreedyGrid {
   std::vector<T> x1_, y1_, x2_, y2_, area_;
   std::vector<int64_t> index_;        // candidate index of each filed box
   std::vector<int32_t> hit_;
+  int64_t ious_ = 0;
 };
 
 }  // namespace nms_grid

@@ -28,9 +28,12 @@
 #include "interrupt.h"
 #include "nms_grid.h"
 #include "parallel.h"
+#include "work_counters.h"
 
 namespace detcore {
 namespace {
+
+std::atomic<int64_t> iou_count{0};  // work_counters.h
 
 constexpr int64_t kBlock = 256;         // plain walk: candidates settled before a compaction
 constexpr int64_t kGridMinBoxes = 512;  // fewer boxes: the plain walk (measured: the grid walk
@@ -82,37 +85,40 @@ void mark_overlapped(
   }
 }
 
-// Marks candidates [lo, hi) that candidate k overlaps by more than the threshold.
+// Marks candidates [lo, hi) that candidate k overlaps by more than the threshold; returns the
+// number of IoUs computed.
 template <typename T>
-void suppress_by(Candidates<T>& c, int64_t k, int64_t lo, int64_t hi, T threshold) {
+int64_t suppress_by(Candidates<T>& c, int64_t k, int64_t lo, int64_t hi, T threshold) {
   mark_overlapped(
       c.x1[k], c.y1[k], c.x2[k], c.y2[k], c.area[k], c.x1.data() + lo, c.y1.data() + lo,
       c.x2.data() + lo, c.y2.data() + lo, c.area.data() + lo, hi - lo, threshold,
       c.suppressed.data() + lo);
+  return hi - lo;
 }
 
 // The plain greedy walk: the kept boxes of each block of kBlock candidates suppress all later
 // candidates, then the survivors are compacted to the front, never to be visited again. Asks
-// `interrupt` before each block.
+// `interrupt` before each block. Returns the number of IoUs computed.
 template <typename T>
-void plain_walk(
+int64_t plain_walk(
     const T* sorted_boxes, const int64_t* ranks, int64_t n, T threshold, uint8_t* keep,
     Interrupt& interrupt) {
   Candidates<T> c(sorted_boxes, ranks, n, threshold, keep);
   std::vector<int64_t> kept;
   kept.reserve(kBlock);
   int64_t remaining = c.count;
+  int64_t ious = 0;
   while (remaining > 0) {
-    if (interrupt.stop()) return;
+    if (interrupt.stop()) break;
     const int64_t block = std::min(kBlock, remaining);
     kept.clear();
     for (int64_t i = 0; i < block; ++i) {
       if (c.suppressed[i]) continue;
       keep[c.rank[i]] = 1;
       kept.push_back(i);
-      suppress_by(c, i, i + 1, block, threshold);
+      ious += suppress_by(c, i, i + 1, block, threshold);
     }
-    for (int64_t k : kept) suppress_by(c, k, block, remaining, threshold);
+    for (int64_t k : kept) ious += suppress_by(c, k, block, remaining, threshold);
     int64_t alive = 0;
     for (int64_t j = block; j < remaining; ++j) {
       if (!c.suppressed[j]) c.move(j, alive++);
@@ -120,10 +126,12 @@ void plain_walk(
     std::fill(c.suppressed.begin(), c.suppressed.begin() + alive, 0);
     remaining = alive;
   }
+  return ious;
 }
 
 // Greedy NMS of candidates 0..n-1 (decreasing score; candidate i is the box
-// sorted_boxes[4 * r], r = ranks ? ranks[i] : i); sets keep[r] for the kept ones.
+// sorted_boxes[4 * r], r = ranks ? ranks[i] : i); sets keep[r] for the kept ones. Adds the IoUs
+// it computed to iou_count.
 template <typename T>
 void greedy_walk(
     const T* sorted_boxes, const int64_t* ranks, int64_t n, T threshold, uint8_t* keep,
@@ -132,10 +140,12 @@ void greedy_walk(
     nms_grid::GreedyGrid<T> grid(sorted_boxes, ranks, n, threshold);
     if (grid.beats_plain_walk()) {
       grid.run(keep, interrupt);
+      iou_count.fetch_add(grid.ious(), std::memory_order_relaxed);
       return;
     }
   }
-  plain_walk(sorted_boxes, ranks, n, threshold, keep, interrupt);
+  const int64_t ious = plain_walk(sorted_boxes, ranks, n, threshold, keep, interrupt);
+  iou_count.fetch_add(ious, std::memory_order_relaxed);
 }
 
 // Kept indices in decreasing score order, from a keep flag per rank.
@@ -234,6 +244,8 @@ at::Tensor batched_nms_cpu(
 }
 
 }  // namespace
+
+int64_t nms_iou_count() { return iou_count.load(std::memory_order_relaxed); }
 
 TORCH_LIBRARY_IMPL(detcore, CPU, m) {
   m.impl("nms", TORCH_FN(nms_cpu));
