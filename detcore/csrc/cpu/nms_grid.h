@@ -36,7 +36,7 @@
 namespace detcore {
 namespace nms_grid {
 
-// Measured on the benchmark's boxes and on boxes of sizes 8..1024 px (tools/benchmark_ops.py).
+// Measured on the benchmark's boxes and on boxes of sizes 8..1024 px (benchmarks/benchmark_ops.py).
 constexpr int kMaxLevels = 8;            // boxes smaller than the largest by over 4^7 share a level
 constexpr int kLevelScaleLog2 = 2;       // a level holds boxes within a factor 4 of each other
 constexpr double kCellPerWidth = 0.5;    // cell side over the level's largest box side
