@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from detcore.engine.checkpoint import load_checkpoint_file
+from detcore.engine.checkpointer import load_checkpoint_file
 
 from tests.checkpoint.test_loader import random_resnet50_state
 from tests.engine.toy_model import REPO, TINY_RCNN, subprocess_env
