@@ -32,7 +32,7 @@ from typing import List, Tuple, Union
 import torch
 import torch.nn.functional as F
 from detcore.config.choices import MASK_PASTE_MODES
-from detcore.utils.precision import full_precision
+from detcore.layers.autocast import full_precision
 
 from .boxes import Boxes
 
@@ -110,7 +110,7 @@ def paste_masks_in_image(
         wy = y_axis.weights(idx, ys)  # [c, R, P]
         wx = x_axis.weights(idx, xs)  # [c, C, P]
         # float32 even under bfloat16 autocast (TEST.PRECISION): bfloat16 matmuls moved the
-        # blended values of edge pixels across the threshold (see detcore/utils/precision.py).
+        # blended values of edge pixels across the threshold (see detcore/layers/autocast.py).
         with full_precision(device):
             block = torch.bmm(torch.bmm(wy, masks[idx]), wx.transpose(1, 2)) >= threshold  # [c, R, C]
         # One rectangle copy per mask: ~20x faster on CPU than one indexed write of the chunk.
