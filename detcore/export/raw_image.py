@@ -2,26 +2,25 @@
 exported detector take the raw image (export.json's ``input.contract`` "raw_image").
 
 The eager path resizes on the host (``ResizeShortestEdge.test_transform``, OpenCV's bilinear of
-the uint8 image) and rescales the detections in ``detector_postprocess``. Here the same steps are
-written with ops every format keeps as one graph for any input size:
-
-The model's graph is traced once, at the model's resolution, as for the pre-resized contract
-(tracing the resize with it makes torch.export carry the size rule through every shape of the
-network, ten times slower); ``add_onnx_raw_image_io`` then puts the resize before that ONNX graph
-and the mapping after it, and the OpenVINO IR is converted from the result:
+the uint8 image) and rescales the detections in ``detector_postprocess``. Here the model's graph
+is traced once, at the model's resolution, as for the pre-resized contract (tracing the resize
+with it makes torch.export carry the size rule through every shape of the network: ten times
+slower), and ``add_onnx_raw_image_io`` puts the same steps as ONNX ops before and after that
+graph, for any input size; the OpenVINO IR is converted from the result:
 
 * The output size, with integers only: ``round_half_up(side * min(MIN / short, MAX / long))``
   is ``min(round_half_up(side * MIN / short), round_half_up(side * MAX / long))`` (rounding is
   monotone), and ``round_half_up(a / b)`` is ``(2a + b) // (2b)``: ONNX's Shape, Min, Max, Mul,
-  Add and integer Div, without a branch, the same numbers in every runtime. Eager computes ``int(side * scale + 0.5)`` in float64, which agrees with the
-  exact rational rounding except where ``side * scale`` is exactly a half-integer and float64's
-  rounding of ``scale`` lands below it (e.g. 298 x 149 at 800 / 1333: eager 1333 x 666, here
-  1333 x 667; a handful of (height, width, size) triples in a million). The detections are then
+  Add and integer Div, without a branch, the same numbers in every runtime. Eager computes
+  ``int(side * scale + 0.5)`` in float64, which agrees with the exact rational rounding except
+  where ``side * scale`` is exactly a half-integer and float64's rounding of ``scale`` lands
+  below it (e.g. 298 x 149 at 800 / 1333: eager 1333 x 666, here 1333 x 667; a handful of (height, width, size) triples in a million). The detections are then
   those of an image one pixel wider, mapped back with the graph's own factors.
 * The resize: bilinear with half-pixel centers and no antialiasing (OpenCV's INTER_LINEAR, the
   ONNX Resize ``linear`` / ``half_pixel`` mode), rounded half up to whole 0-255 levels as OpenCV's
-  uint8 output is. OpenCV interpolates in 11-bit fixed point, so a few pixels differ from it by
-  one level; an unchanged size is an exact copy, as OpenCV returns the image as it is.
+  uint8 output is. OpenCV interpolates in 11-bit fixed point, so a fraction of the pixels (up
+  to about one in eight on noise) differ from its by one level; an unchanged size is an exact
+  copy, as OpenCV returns the image as it is.
 * The mapping back: boxes scaled by ``input size / resized size`` per axis, clipped to the
   input, empty ones dropped (``detector_postprocess``; with MODEL.BOX_LEGACY_PLUS_ONE its
   inclusive-corner rule instead of the clip).

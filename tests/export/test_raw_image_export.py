@@ -35,7 +35,7 @@ from detcore.data.transforms import ResizeShortestEdge
 from detcore.engine import Predictor
 from detcore.export import ExportedDetector, exported_config, load_exported, paste_masks, resized_size
 from detcore.export.openvino_format import onnx_to_openvino
-from tests.export.test_model_export import _cfg, _model
+from tests.export.test_model_export import CONFIG, ROOT, _cfg, _model
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::DeprecationWarning")
 
@@ -167,7 +167,9 @@ def _assert_matches_eager(got, expected, cfg, what, same_pixels=False):
     ious = [a / b for a, b in zip(intersections, unions) if b > 0]
     assert sum(intersections) >= 0.95 * sum(unions) and min(ious, default=1.0) >= 0.8, f"{what}: masks {ious}"
     least = len(expected["boxes"]) if same_pixels else 0.8 * max(len(expected["boxes"]), len(boxes))
-    assert matched >= least, f"{what}: {matched} of {len(expected['boxes'])} eager and {len(boxes)} graph detections matched"
+    assert matched >= least, (
+        f"{what}: {matched} of {len(expected['boxes'])} eager and {len(boxes)} graph detections matched"
+    )
 
 
 def test_the_raw_image_export_runs_without_detcore_and_gives_eager_detections(raw_export, tmp_path):
@@ -230,3 +232,12 @@ def test_raw_image_is_refused_where_the_graph_cannot_have_it(tmp_path):
         detcore.export.check_export_request(keypoints, "onnx", str(tmp_path / "kp"), input_contract="raw_image")
     with pytest.raises(ValueError, match=r"input_contract must be one of \('resized_image', 'raw_image'\)"):
         detcore.export.check_export_request(cfg, "onnx", str(tmp_path / "x"), input_contract="raw")
+    # The tool passes the option on and refuses before building the model.
+    refused = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "export_model.py"), "--config-file", CONFIG, "--format",
+         "torchscript", "--input-contract", "raw_image", "--output", str(tmp_path / "tool"), "--allow-random-weights",
+         "MODEL.DEVICE", "cpu"],
+        capture_output=True, text=True,
+    )
+    assert refused.returncode != 0 and "raw_image input contract is available for --format onnx" in refused.stderr
+    assert "Traceback" not in refused.stderr
