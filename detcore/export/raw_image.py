@@ -14,8 +14,9 @@ graph, for any input size; the OpenVINO IR is converted from the result:
   Add and integer Div, without a branch, the same numbers in every runtime. Eager computes
   ``int(side * scale + 0.5)`` in float64, which agrees with the exact rational rounding except
   where ``side * scale`` is exactly a half-integer and float64's rounding of ``scale`` lands
-  below it (e.g. 298 x 149 at 800 / 1333: eager 1333 x 666, here 1333 x 667; a handful of (height, width, size) triples in a million). The detections are then
-  those of an image one pixel wider, mapped back with the graph's own factors.
+  below it (e.g. 298 x 149 at 800 / 1333: eager 1333 x 666, here 1333 x 667; a handful of
+  (height, width, size) triples in a million). The detections are then those of an image one
+  pixel wider, mapped back with the graph's own factors.
 * The resize: bilinear with half-pixel centers and no antialiasing (OpenCV's INTER_LINEAR, the
   ONNX Resize ``linear`` / ``half_pixel`` mode), rounded half up to whole 0-255 levels as OpenCV's
   uint8 output is. OpenCV interpolates in 11-bit fixed point, so a fraction of the pixels (up
