@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from detcore.config import get_cfg  # noqa: E402
 from detcore.engine import DefaultTrainer, default_argument_parser, default_setup, launch  # noqa: E402
-from detcore.engine.checkpoint import Checkpointer  # noqa: E402
+from detcore.engine.checkpointer import Checkpointer  # noqa: E402
 
 
 def setup(args):

@@ -38,7 +38,7 @@ from detcore.utils.logger import setup_logger
 from detcore.utils.registry import build_from_config
 
 from . import hooks
-from .checkpoint import Checkpointer
+from .checkpointer import Checkpointer
 from .dataset_classes import check_dataset_classes
 from .divergence import DivergenceGuard
 from .events import CommonMetricPrinter, JSONWriter, TensorboardWriter
