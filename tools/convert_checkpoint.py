@@ -15,6 +15,8 @@ it describes is built on the CPU and the output holds exactly what fits it, with
 key (mapped, missing, unexpected, shape mismatches, re-initialized predictors); without one every
 tensor is renamed. MODEL.WEIGHTS accepts the original files as well: converting first only saves
 the renaming at each start and lets you inspect the result.
+
+Installed, the same program is `detcore convert` (detcore/cli/convert.py).
 """
 import os
 import sys

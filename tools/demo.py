@@ -4,6 +4,8 @@
     python tools/demo.py --config-file configs/e2e_mask_rcnn_R_18_FPN_shapes.yaml \
         --input imgs/ "more/*.jpg" one.png --output out/ MODEL.WEIGHTS model_final.pth
     python tools/demo.py --model torchvision/mask_rcnn_R_50_FPN --input photo.jpg --output out/
+
+Installed, the same program is `detcore demo` (detcore/cli/demo.py).
 """
 import os
 import sys

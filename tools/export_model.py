@@ -7,6 +7,8 @@
 The exported graph takes one uint8 image (3 channels in INPUT.FORMAT order; --input-layout CHW or
 HWC) of any size, already resized as export.json says, and returns boxes, scores, classes (and
 mask probabilities). See the README's "Deploy" section.
+
+Installed, the same program is `detcore export` (detcore/cli/export.py).
 """
 import os
 import sys

@@ -17,6 +17,8 @@ its runtime, with the config and datasets recorded in its export.json (KEY VALUE
 DATASETS.TEST "('shapes_val',)"); results go to DIR/evaluation/ unless OUTPUT_DIR is given:
 
     python tools/test_net.py --exported exported/ --threads 2
+
+Installed, the same program is `detcore test` (detcore/cli/evaluate.py).
 """
 import os
 import sys

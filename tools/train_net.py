@@ -6,9 +6,11 @@
     python tools/train_net.py --config-file X --start-over             # retrain; the old run moves aside
     python tools/train_net.py --config-file X --eval-only MODEL.WEIGHTS out/model_final.pth
     torchrun --nproc_per_node 2 tools/train_net.py --config-file X    # distributed (DDP)
+    python tools/train_net.py --config-file X --num-gpus 2            # the same; torchrun is started for you
 
 Outputs go to OUTPUT_DIR: log.txt, config.yaml, metrics.json, loss_curves.png, checkpoints
 (model_XXXXXXX.pth, model_final.pth, last_checkpoint) and inference/<dataset>/ results.
+Installed, the same program is `detcore train` (detcore/cli/train.py).
 """
 import os
 import sys
