@@ -136,7 +136,7 @@ def launch(main_func: Callable[..., Any], *args: Any) -> Any:
         spec = getattr(sys.modules.get("__main__"), "__spec__", None)
         module = spec.name[: -len(".__main__")] if spec is not None and spec.name.endswith(".__main__") else None
         cmd = torchrun_command(args[0], sys.argv, module or (spec.name if spec is not None else None))
-        logger.info("Starting the processes: %s", " ".join(cmd))
+        print(f"Starting the processes: {' '.join(cmd)}", file=sys.stderr, flush=True)  # no logger is set up yet
         raise SystemExit(subprocess.call(cmd))
     try:
         return main_func(*args)

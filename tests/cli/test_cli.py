@@ -224,3 +224,25 @@ def test_env_reports_where_detcore_is(capsys):
     import detcore
 
     assert f"@ {os.path.dirname(detcore.__file__)}" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_num_gpus_starts_the_processes(tiny_cache, tmp_path):
+    """``detcore train --num-gpus 2`` runs itself again under torchrun: two CPU processes (gloo),
+    training the tiny R-18 Mask R-CNN on a coco: json (the tests' datasets are not registered in
+    the processes torchrun starts; a json on disk needs no registration)."""
+    from tests.data.user_data import write_coco_set
+    from tests.engine.toy_model import TINY_RCNN, TINY_TRAIN, subprocess_env
+    from detcore.data import DatasetCatalog
+
+    train = write_coco_set(DatasetCatalog.get(TINY_TRAIN), str(tmp_path / "data" / "train.json"), str(tmp_path / "data"))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "detcore.cli", "train", "--config-file", SHAPES, "--num-gpus", "2", *TINY_RCNN,
+           "DATASETS.TRAIN", f"('coco:{train}',)", "DATASETS.TEST", "()", "SOLVER.IMS_PER_BATCH", "4",
+           "SOLVER.MAX_ITER", "2", "LOG_PERIOD", "1", "MODEL.DEVICE", "cpu", "OUTPUT_DIR", str(out)]
+    proc = subprocess.run(cmd, env=subprocess_env(tiny_cache), capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-6000:]
+    assert "torch.distributed.run --nproc_per_node 2 --standalone -m detcore.cli train" in text
+    assert "world size: 2" in text
+    assert (out / "model_final.pth").is_file() and (out / "log.txt.rank1").is_file()
