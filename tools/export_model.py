@@ -5,8 +5,9 @@
         --format onnx --output exported/ MODEL.WEIGHTS output/e2e_mask_rcnn_R_18_FPN_shapes/model_final.pth
 
 The exported graph takes one uint8 image (3 channels in INPUT.FORMAT order; --input-layout CHW or
-HWC) of any size, already resized as export.json says, and returns boxes, scores, classes (and
-mask probabilities). See the README's "Deploy" section.
+HWC) of any size, already resized as export.json says (with --input-contract raw_image, for onnx
+and openvino: as it is, the graph resizes it), and returns boxes, scores, classes (and mask
+probabilities). See the README's "Deploy" section.
 
 Installed, the same program is `detcore export` (detcore/cli/export.py).
 """

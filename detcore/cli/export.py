@@ -5,8 +5,9 @@
         --format onnx --output exported/ MODEL.WEIGHTS output/e2e_mask_rcnn_R_18_FPN_shapes/model_final.pth
 
 The exported graph takes one uint8 image (3 channels in INPUT.FORMAT order; --input-layout CHW or
-HWC) of any size, already resized as export.json says, and returns boxes, scores, classes (and
-mask probabilities). See the README's "Deploy" section; ``detcore test --exported DIR`` scores it.
+HWC) of any size, already resized as export.json says (with --input-contract raw_image, for onnx
+and openvino: as it is, the graph resizes it), and returns boxes, scores, classes (and mask
+probabilities). See the README's "Deploy" section; ``detcore test --exported DIR`` scores it.
 """
 import argparse
 from typing import Optional, Sequence
@@ -18,7 +19,7 @@ from detcore.config import get_cfg
 from detcore.data import MetadataCatalog
 from detcore.engine import load_model_weights
 from detcore.engine.arguments import add_config_argument, add_overrides_argument
-from detcore.export import FORMATS, check_export_request, export_model, resize_for_model
+from detcore.export import FORMATS, INPUT_CONTRACTS, check_export_request, export_model, resize_for_model
 from detcore.export.wrapper import INPUT_LAYOUTS
 from detcore.modeling import build_model
 from detcore.utils.logger import setup_logger
@@ -36,6 +37,11 @@ def build_parser(prog: Optional[str] = None, description: Optional[str] = None) 
     parser.add_argument("--output", required=True, help="folder for the model file and export.json")
     parser.add_argument("--sample-image", help="an image to trace with (default: a random one at the test size)")
     parser.add_argument("--input-layout", default="CHW", choices=INPUT_LAYOUTS, help="the exported input's layout")
+    parser.add_argument(
+        "--input-contract", default="resized_image", choices=INPUT_CONTRACTS,
+        help="raw_image (onnx, openvino): the graph takes the image as it is, resizes it and maps the boxes back "
+        "itself; resized_image (default): the caller resizes as export.json says",
+    )
     parser.add_argument(
         "--batch-size", type=int, default=None,
         help="export a graph taking B equally sized images at once (default: one image, no batch axis)",
@@ -68,7 +74,7 @@ def main(args):
             "checkpoint (MODEL.WEIGHTS path/to/model_final.pth), or add --allow-random-weights if that is the intent."
         )
     try:  # before the model is built and traced: the format, settings and folder can be refused now
-        check_export_request(cfg, args.format, args.output, args.overwrite)
+        check_export_request(cfg, args.format, args.output, args.overwrite, args.input_contract)
     except (ValueError, OSError, ImportError) as e:
         raise SystemExit(str(e)) from None
     model = build_model(cfg).eval()
@@ -86,7 +92,7 @@ def main(args):
     class_names = MetadataCatalog.get(cfg.DATASETS.TEST[0]).get("thing_classes") if cfg.DATASETS.TEST else None
     paths = export_model(
         cfg, model, args.format, args.output, sample, args.input_layout, class_names, args.batch_size,
-        overwrite=args.overwrite,
+        overwrite=args.overwrite, input_contract=args.input_contract,
     )
     print(f"Wrote {paths['model']} and {paths['metadata']}")
     return paths
