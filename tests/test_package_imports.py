@@ -94,14 +94,18 @@ LAYERS = [
     ("modeling", "evaluation"),  # the models; the evaluators
     ("checkpoint", "export"),  # other projects' weights and the model zoo; export of a built model
     ("engine",),  # training, inference, the Predictor: everything together
+    ("cli",),  # the detcore command (``python -m detcore`` too): the user's jobs on top of all
 ]
 
 
 def part_of(module):
     """The subpackage a module belongs to: detcore.X... -> X. The package's own __init__
-    (``import detcore``) loads the compiled ops, so it counts as part of layers."""
+    (``import detcore``) loads the compiled ops, so it counts as part of layers; its __main__
+    (``python -m detcore``) is the command line, part of cli."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "layers"
+    if len(parts) == 1:
+        return "layers"
+    return "cli" if parts[1] == "__main__" else parts[1]
 
 
 def layer_violations(edges, layers, part=part_of):
