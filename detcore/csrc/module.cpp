@@ -4,6 +4,7 @@
 #include <Python.h>
 
 #include "argument_error_type.h"
+#include "cpu/work_counters.h"
 #include "value_checks.h"
 
 // The calling thread's value-checks switch (value_checks.h), for detcore.layers.trusted_inputs.
@@ -20,11 +21,24 @@ static PyObject* set_value_checks_enabled(PyObject*, PyObject* enabled) {
   return PyBool_FromLong(detcore::set_value_checks_enabled(value != 0));
 }
 
+// Work counters of the CPU kernels (cpu/work_counters.h), for tests.
+static PyObject* nms_iou_count(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(detcore::nms_iou_count());
+}
+
+static PyObject* interrupted_op_count(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(detcore::interrupted_op_count());
+}
+
 static PyMethodDef detcore_c_methods[] = {
     {"_value_checks_enabled", value_checks_enabled, METH_NOARGS,
      "Whether detcore's CUDA ops check argument values on this thread."},
     {"_set_value_checks_enabled", set_value_checks_enabled, METH_O,
      "Turn this thread's value checks on or off; returns the previous state."},
+    {"_nms_iou_count", nms_iou_count, METH_NOARGS,
+     "IoUs computed by the CPU nms and batched_nms walks in this process, so far."},
+    {"_interrupted_op_count", interrupted_op_count, METH_NOARGS,
+     "CPU op calls that a SIGINT handler's exception ended from inside the op, so far."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -16,6 +16,12 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
 
     Returns:
         int64 Tensor of the kept boxes' indices, by decreasing score (ties: lower index first).
+
+    A box with a NaN or infinite coordinate is kept and suppresses no other box: its IoU with
+    any box is NaN or 0, never above an ``iou_threshold`` >= 0. That is torchvision's CPU
+    answer, through the same arithmetic (followed bit for bit for every threshold, negative ones
+    included), on the CPU and CUDA alike; such boxes cost no more than others. On the CPU a
+    long call stops at Ctrl-C with KeyboardInterrupt (README, "Using the ops").
     """
     if not torch.jit.is_scripting():  # TorchScript cannot read the loader's state
         ensure_loaded()
@@ -33,6 +39,11 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
 
     Returns:
         int64 Tensor of kept indices, by decreasing score.
+
+    Exact per category, NaN and infinite boxes included (kept, suppressing nothing, as in
+    `nms`): torchvision's per-category answer. (torchvision's coordinate-offset path, which it
+    takes up to 1000 boxes, makes every box NaN when one coordinate is NaN or infinite, and
+    keeps them all.)
 
     Memory on CUDA: NMS there builds a mask of which box suppresses which, a bit per pair. Up to
     5000 boxes (and always for `nms`) it is one mask over all boxes, N * ceil(N / 64) 8-byte

@@ -70,6 +70,30 @@ def test_nms_ties_nan_and_duplicates(emu):
             assert torch.equal(emu.nms(boxes, scores, idxs, threshold), expected)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nms_non_finite_boxes_equal_cpu(emu, dtype):
+    """Many NaN and infinite coordinates: the CPU kernel keeps the boxes whose IoU never exceeds
+    the threshold without computing it; the device computes every IoU. Same answer, thresholds
+    of both signs (below 0 an infinite box can suppress), batched_nms by the single mask and by
+    the banded path."""
+    boxes, g = _crowded_boxes(200, 5, torch.float32)
+    bad = torch.rand(200, generator=g) < 0.4
+    values = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    column = torch.randint(0, 4, (200,), generator=g)[bad]
+    boxes[bad, column] = values[torch.randint(0, 3, (200,), generator=g)[bad]]
+    boxes = boxes.to(dtype)
+    scores = distinct_scores(200, g, torch.float64).to(dtype)
+    idxs = torch.randint(0, 3, (200,), generator=g)
+    cpu_boxes, cpu_scores = in_cpu_dtype(boxes), in_cpu_dtype(scores)
+    for threshold in (-0.5, 0.0, 0.5):
+        got = emu.nms(boxes, scores, None, threshold)
+        assert torch.equal(got, torch.ops.detcore.nms(cpu_boxes, cpu_scores, threshold))
+        expected = torch.ops.detcore.batched_nms(cpu_boxes, cpu_scores, idxs, threshold)
+        for band_above in (NEVER, ALWAYS):
+            got = emu.nms(boxes, scores, idxs, threshold, 65535, MAX_SHARED_WORDS, band_above)
+            assert torch.equal(got, expected), band_above
+
+
 @pytest.mark.parametrize("max_grid_dim", [1, 2, 3])
 def test_nms_more_work_than_blocks(emu, max_grid_dim):
     """A grid smaller than the 5 x 5 blocks of 300 boxes: the mask kernel's grid-stride loops."""

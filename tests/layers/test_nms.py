@@ -117,6 +117,97 @@ def test_zero_area_and_negative_size_boxes():
     assert nms(inverted, torch.tensor([0.9, 0.8]), 0.0).tolist() == [0, 1]
 
 
+def _with_non_finite(boxes, g, fraction):
+    """A copy of boxes with one coordinate of about `fraction` of them NaN, inf or -inf."""
+    n = len(boxes)
+    boxes = boxes.clone()
+    bad = torch.rand(n, generator=g) < fraction
+    values = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=boxes.dtype)
+    column = torch.randint(0, 4, (n,), generator=g)[bad]
+    boxes[bad, column] = values[torch.randint(0, 3, (n,), generator=g)[bad]]
+    return boxes, bad
+
+
+def test_non_finite_boxes_are_kept_and_suppress_nothing():
+    # The documented rule, by hand: with a threshold >= 0 a box with a NaN or infinite coordinate
+    # is kept and suppresses no box; a finite duplicate is still suppressed by its finite twin.
+    boxes = torch.tensor([
+        [0.0, 0.0, 10.0, 10.0],
+        [0.0, 0.0, 10.0, float("nan")],
+        [0.0, 0.0, float("inf"), 10.0],
+        [-float("inf"), -float("inf"), float("inf"), float("inf")],
+        [0.0, 0.0, 10.0, 10.0],
+        [float("inf"), 0.0, float("inf"), 10.0],
+    ])
+    scores = torch.tensor([0.5, 0.9, 0.8, 0.7, 0.4, 0.6])
+    for threshold in (0.0, 0.5, 1.0):
+        expected = [1, 2, 3, 5, 0] + ([4] if threshold == 1.0 else [])
+        assert nms(boxes, scores, threshold).tolist() == expected
+        one_category = torch.zeros(6, dtype=torch.int64)
+        assert batched_nms(boxes, scores, one_category, threshold).tolist() == expected
+    # Below 0 the arithmetic decides: box 2's IoU with the finite boxes is 0 (an infinite
+    # union), above -0.5, while its IoU with box 3 and the NaN box's with any box are NaN.
+    assert nms(boxes, scores, -0.5).tolist() == [1, 2, 3, 5]
+    _check(boxes, scores, -0.5)
+
+
+@pytest.mark.parametrize("threshold", [-0.5, -1e-300, 0.0, 0.5, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_non_finite_boxes_follow_the_iou_arithmetic(threshold, dtype):
+    # The plain-PyTorch reference's IoU (and torchvision's) on many non-finite boxes, on both
+    # sides of the kernel's switch to its grid walk (512 boxes).
+    for n in (300, 700):
+        g = _gen(20 + n)
+        boxes, _ = _with_non_finite(random_boxes(n, g, xy_max=200.0).to(dtype), g, 0.3)
+        _check(boxes, distinct_scores(n, g).to(dtype), threshold)
+
+
+def _ious_computed(call):
+    """call()'s result and the number of IoUs the CPU NMS walks computed for it (a counter the
+    kernels keep for such checks: cost is checked by counting the work, not by timing it)."""
+    from detcore import _C  # loaded by the ops
+
+    before = _C._nms_iou_count()
+    result = call()
+    return result, _C._nms_iou_count() - before
+
+
+def test_the_iou_counter_counts_every_iou():
+    # 300 disjoint boxes (the plain walk): every box is kept and tests every later box.
+    n = 300
+    x = torch.arange(n, dtype=torch.float32) * 20
+    boxes = torch.stack([x, torch.zeros(n), x + 10, torch.full((n,), 10.0)], 1)
+    kept, ious = _ious_computed(lambda: nms(boxes, torch.rand(n, generator=_gen(3)), 0.5))
+    assert len(kept) == n and ious == n * (n - 1) // 2
+
+
+@pytest.mark.parametrize("n", [400, 20_000])  # the plain walk; the grid walk
+def test_non_finite_boxes_cost_no_iou(n):
+    # The issue's reproducer (10^6 boxes with NaN coordinates: minutes) scaled down: every kept
+    # box used to test every non-finite one. Now the answer is every non-finite box plus the NMS
+    # of the finite ones, and the call computes exactly the IoUs of the finite boxes' NMS alone:
+    # the non-finite boxes never enter a walk.
+    g = _gen(21)
+    xy = torch.rand(n, 2, generator=g) * (5000 if n > 1000 else 500)
+    boxes = torch.cat([xy, xy + 10 + torch.rand(n, 2, generator=g) * 90], 1)
+    boxes, bad = _with_non_finite(boxes, g, 0.5)
+    scores = torch.rand(n, generator=g)
+    idxs = torch.randint(0, 3, (n,), generator=g)
+    finite = (~bad).nonzero().flatten()
+
+    def by_score(keep):
+        keep = keep.sort().values
+        return keep[scores[keep].sort(descending=True, stable=True).indices]
+
+    for op, args in ((nms, ()), (batched_nms, (idxs,))):
+        finite_args = [a[finite] for a in args]
+        kept_finite, finite_ious = _ious_computed(lambda: op(boxes[finite], scores[finite], *finite_args, 0.5))
+        kept, ious = _ious_computed(lambda: op(boxes, scores, *args, 0.5))
+        assert torch.equal(kept, by_score(torch.cat([bad.nonzero().flatten(), finite[kept_finite]])))
+        assert finite_ious > 0
+        assert ious == finite_ious, op.__name__
+
+
 def test_iou_exactly_at_threshold_is_not_suppressed():
     scores = torch.tensor([0.9, 0.8])
     half = torch.tensor([[0.0, 0.0, 2.0, 1.0], [0.0, 0.0, 1.0, 1.0]])  # IoU exactly 0.5

@@ -3,11 +3,11 @@
 From 512 boxes on, the CPU kernel files the boxes in grids (one per size class, cells sized to
 the boxes and to their density) and, where a sampled cost estimate says this beats the plain
 walk, a kept box tests only the boxes in the cells near it (detcore/csrc/cpu/nms_grid.h); below
-that, the plain walk tests every later box. Boxes with a NaN or infinite coordinate, and all
-boxes under a negative threshold, are in a list scanned by every kept box; boxes of zero or
-negative size are kept without being filed. Each test here compares with torchvision's greedy
-NMS (a plain walk, the semantics we follow bit for bit) or with an answer known by
-construction, at sizes on both sides of the switch.
+that, the plain walk tests every later box. Boxes no IoU involves (a NaN area; with a threshold
+>= 0 also an infinite coordinate, or zero or negative size) are kept without entering either
+walk; all other boxes under a negative threshold are in a list scanned by every kept box. Each
+test here compares with torchvision's greedy NMS (a plain walk, the semantics we follow bit for
+bit) or with an answer known by construction, at sizes on both sides of the switch.
 """
 import pytest
 import torch
@@ -111,8 +111,8 @@ def test_ties_keep_the_lower_index():
 @needs_torchvision
 @pytest.mark.parametrize("n", [500, 3000])
 def test_non_finite_coordinates(n):
-    # NaN and infinite coordinates follow the plain walk's IoU arithmetic (std::min / std::max,
-    # which do not propagate NaN as torch.minimum does): such boxes sit in the scanned list.
+    # NaN and infinite coordinates follow torchvision's IoU arithmetic (std::min / std::max,
+    # which do not propagate NaN as torch.minimum does): such boxes are kept, suppressing none.
     g = _gen(5)
     boxes = random_boxes(n, g, xy_max=500.0)
     bad = torch.randperm(n, generator=g)[: n // 10]
@@ -121,6 +121,22 @@ def test_non_finite_coordinates(n):
     scores = distinct_scores(n, g)
     for threshold in (0.0, 0.5):
         _same_as_torchvision(boxes, scores, threshold)
+
+
+@needs_torchvision
+@pytest.mark.parametrize("threshold", [-0.5, -1e-300, 0.0, 0.7])
+def test_mostly_non_finite_boxes(threshold):
+    # Most boxes NaN or infinite somewhere, the rest overlapping: the NaN and (threshold >= 0)
+    # infinite ones are kept outside the walks, the infinite ones under a negative threshold
+    # still suppress and are suppressed as torchvision's arithmetic says.
+    g = _gen(12)
+    n = 4000
+    boxes = random_boxes(n, g, xy_max=300.0)
+    bad = torch.rand(n, generator=g) < 0.8
+    values = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    column = torch.randint(0, 4, (n,), generator=g)[bad]
+    boxes[bad, column] = values[torch.randint(0, 3, (n,), generator=g)[bad]]
+    _same_as_torchvision(boxes, distinct_scores(n, g), threshold)
 
 
 @needs_torchvision

@@ -1,6 +1,5 @@
 """detcore.layers.roi_align, forward and backward, against a plain-PyTorch reference."""
 import math
-import time
 
 import numpy as np
 import pytest
@@ -306,11 +305,11 @@ def test_bad_batch_index_names_rois(index):
 
 
 # --- arguments that once ran for hours, exhausted memory or returned garbage ------------------------
-def _timed_raise(match, *args):
-    start = time.perf_counter()
+def _refused(match, *args):
+    # The argument checks' ValueError, with its message. (No timing: a check that came after the
+    # work would show as a test that runs for hours.)
     with pytest.raises(ValueError, match=match):
         roi_align(*args)
-    assert time.perf_counter() - start < 5  # refused up front, not after the work
 
 
 @pytest.mark.parametrize("sampling_ratio", [129, 10000, 2**31, 2**32, 2**40])
@@ -318,7 +317,7 @@ def test_sampling_ratio_is_bounded_and_never_truncated(sampling_ratio):
     # 2**32 once became 0 through an int cast and returned all zeros; 10000 ended in bad_alloc.
     x = torch.rand(1, 2, 8, 8)
     rois = torch.tensor([[0, 1.0, 1.0, 5.0, 5.0]])
-    _timed_raise(rf"sampling_ratio must be at most 128 .* got {sampling_ratio}", x, rois, 2, 1.0, sampling_ratio)
+    _refused(rf"sampling_ratio must be at most 128 .* got {sampling_ratio}", x, rois, 2, 1.0, sampling_ratio)
 
 
 def test_negative_sampling_ratios_mean_adaptive_as_in_torchvision():
@@ -382,9 +381,9 @@ def test_adaptive_grid_counts_samples_as_the_gpu_does():
 def test_a_huge_roi_or_scale_with_adaptive_sampling_is_refused_up_front(aligned):
     x = torch.rand(1, 2, 8, 8)
     huge = torch.tensor([[0, 0.0, 0.0, 1e6, 1e6]])
-    _timed_raise(r"adaptive sampling .* samples per output bin \(at most 16384", x, huge, 7, 1.0, 0, aligned)
+    _refused(r"adaptive sampling .* samples per output bin \(at most 16384", x, huge, 7, 1.0, 0, aligned)
     rois = torch.tensor([[0, 1.0, 1.0, 5.0, 5.0]])
-    _timed_raise(r"spatial_scale", x, rois, 7, 1e6, 0, aligned)
+    _refused(r"spatial_scale", x, rois, 7, 1e6, 0, aligned)
     # The same roi with an explicit sampling ratio is bounded work: it runs.
     assert roi_align(x, huge, 7, 1.0, 2, aligned).shape == (1, 2, 7, 7)
 
@@ -393,14 +392,14 @@ def test_a_huge_roi_or_scale_with_adaptive_sampling_is_refused_up_front(aligned)
 def test_spatial_scale_must_be_finite_and_positive(scale):
     x = torch.rand(1, 2, 8, 8)
     rois = torch.tensor([[0, 1.0, 1.0, 5.0, 5.0]])
-    _timed_raise(r"spatial_scale must be a finite number > 0", x, rois, 2, scale, 2)
+    _refused(r"spatial_scale must be a finite number > 0", x, rois, 2, scale, 2)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_non_finite_roi_coordinates_are_refused(bad):
     x = torch.rand(1, 2, 8, 8)
     rois = torch.tensor([[0, 1.0, 1.0, 5.0, 5.0], [0, 1.0, bad, 5.0, 5.0]])
-    _timed_raise(r"rois must be finite, got 1 NaN or infinite value", x, rois, 2, 1.0, 0)
+    _refused(r"rois must be finite, got 1 NaN or infinite value", x, rois, 2, 1.0, 0)
     with pytest.raises(ValueError, match="rois must be finite"):
         torch.ops.detcore._roi_align_backward(torch.rand(2, 2, 2, 2), rois, 1.0, 2, 2, 1, 2, 8, 8, 0, True)
 

@@ -12,6 +12,8 @@
 //  - col2im: the input gradient, threads owning disjoint channel blocks (no atomics);
 //  - weight gradient = grad_out . columns (GEMM), summed over images.
 // float16 / bfloat16 inputs are computed in float32 and returned in their dtype.
+// Threads take rows (or channel blocks) as they come free (parallel_chunks), and Ctrl-C is
+// checked between them and between slices of the GEMMs (interrupt.h): one image can take seconds.
 #include <algorithm>
 #include <vector>
 
@@ -21,6 +23,7 @@
 
 #include "../checks.h"
 #include "../deform_conv2d_common.h"
+#include "interrupt.h"
 #include "parallel.h"
 
 namespace detcore {
@@ -139,10 +142,11 @@ inline int64_t column_index(
 template <typename T>
 void deformable_im2col(
     const Chunk<T>& chunk, const DeformParams& p, const std::vector<Segment>& segments,
-    const T* zeros, T* columns) {
+    const T* zeros, T* columns, Interrupt& interrupt) {
   const int64_t taps = p.taps();
   const int64_t rows = chunk.rows();
-  at::parallel_for(0, rows, grain_for(4 * taps * p.channels), [&](int64_t lo, int64_t hi) {
+  const int64_t work = 4 * taps * p.channels;
+  parallel_chunks(interrupt, rows, chunk_for(work), work, [&](int64_t lo, int64_t hi) {
     const T* corners[4];
     for (int64_t row = lo; row < hi; ++row) {
       const int64_t pos = row % chunk.positions;
@@ -158,6 +162,38 @@ void deformable_im2col(
       }
     }
   });
+}
+
+// Multiply-adds of one slice of a GEMM: a GEMM over a large image runs for seconds, and Ctrl-C is
+// checked between its slices.
+constexpr int64_t kGemmSliceWork = int64_t(1) << 28;
+
+// Rows of `a` per slice when a [rows, k] matrix multiplies a [k, n] one.
+int64_t slice_rows(int64_t k, int64_t n) {
+  return std::max<int64_t>(1, kGemmSliceWork / std::max<int64_t>(1, k * n));
+}
+
+// out = a . b, slice of rows by slice of rows (each row of the result is its own).
+void mm_sliced(at::Tensor out, const at::Tensor& a, const at::Tensor& b, Interrupt& interrupt) {
+  const int64_t rows = a.size(0);
+  const int64_t step = slice_rows(a.size(1), b.size(1));
+  for (int64_t r0 = 0; r0 < rows; r0 += step) {
+    interrupt.stop();
+    const int64_t n = std::min(step, rows - r0);
+    at::Tensor o = out.narrow(0, r0, n);
+    at::mm_out(o, a.narrow(0, r0, n), b);
+  }
+}
+
+// out += a^T . b, a [rows, m] and b [rows, n], summed over slices of rows.
+void add_mm_t_sliced(at::Tensor out, const at::Tensor& a, const at::Tensor& b, Interrupt& interrupt) {
+  const int64_t rows = a.size(0);
+  const int64_t step = slice_rows(a.size(1), b.size(1));
+  for (int64_t r0 = 0; r0 < rows; r0 += step) {
+    interrupt.stop();
+    const int64_t n = std::min(step, rows - r0);
+    out.addmm_(a.narrow(0, r0, n).t(), b.narrow(0, r0, n));
+  }
 }
 
 // Images per chunk: columns of at most about kColumnBudget values (128 MB in float32; the
@@ -196,7 +232,7 @@ at::Tensor weight_as_rows(const at::Tensor& weight, int64_t groups) {
 
 // [N, C, H, W] as [N, H * W, C], in cache-sized tiles on all threads.
 template <typename T>
-at::Tensor channels_last_copy(const at::Tensor& input) {
+at::Tensor channels_last_copy(const at::Tensor& input, Interrupt& interrupt) {
   const int64_t n = input.size(0), c = input.size(1), hw = input.size(2) * input.size(3);
   auto src = input.contiguous();
   auto dst = at::empty({n, hw, c}, input.options());
@@ -204,7 +240,7 @@ at::Tensor channels_last_copy(const at::Tensor& input) {
   T* d = dst.data_ptr<T>();
   constexpr int64_t kTile = 32;
   const int64_t row_tiles = (c + kTile - 1) / kTile;
-  at::parallel_for(0, n * row_tiles, grain_for(kTile * hw), [&](int64_t lo, int64_t hi) {
+  parallel_chunks(interrupt, n * row_tiles, chunk_for(kTile * hw), kTile * hw, [&](int64_t lo, int64_t hi) {
     for (int64_t task = lo; task < hi; ++task) {
       const int64_t b = task / row_tiles;
       const int64_t i0 = (task % row_tiles) * kTile;
@@ -242,14 +278,14 @@ c10::optional<at::Tensor> to_float(const c10::optional<at::Tensor>& t) {
 template <typename T>
 void forward_impl(
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& offset,
-    const at::Tensor& mask, const DeformParams& p, at::Tensor& output) {
+    const at::Tensor& mask, const DeformParams& p, at::Tensor& output, Interrupt& interrupt) {
   const int64_t batch = input.size(0);
   const int64_t positions = p.positions();
   const int64_t cg = p.group_channels();
   const int64_t out_per_group = output.size(1) / p.groups;
   const auto segments = channel_segments(p);
   const std::vector<T> zeros(p.channels, T(0));
-  const at::Tensor image_cl = channels_last_copy<T>(input);
+  const at::Tensor image_cl = channels_last_copy<T>(input, interrupt);
   const at::Tensor w_rows = weight_as_rows(weight, p.groups).contiguous();
   const int64_t per_chunk = images_per_chunk(p, batch);
   at::Tensor columns = at::empty({p.groups, per_chunk * positions, p.taps() * cg}, input.options());
@@ -258,11 +294,10 @@ void forward_impl(
     const int64_t count = std::min(per_chunk, batch - first);
     const Chunk<T> chunk = make_chunk<T>(image_cl, offset, mask, p, first, count);
     at::Tensor cols = columns.narrow(1, 0, chunk.rows());
-    deformable_im2col<T>(chunk, p, segments, zeros.data(), cols.data_ptr<T>());
+    deformable_im2col<T>(chunk, p, segments, zeros.data(), cols.data_ptr<T>(), interrupt);
     at::Tensor res = result.narrow(1, 0, chunk.rows());
     for (int64_t g = 0; g < p.groups; ++g) {
-      auto res_g = res[g];
-      at::mm_out(res_g, cols[g], w_rows[g].t());
+      mm_sliced(res[g], cols[g], w_rows[g].t(), interrupt);
     }
     output.narrow(0, first, count)
         .view({count, p.groups, out_per_group, positions})
@@ -294,8 +329,9 @@ at::Tensor deform_conv2d_forward_cpu(
   const at::Tensor mask_c =
       mask.has_value() && mask->defined() ? mask->contiguous() : at::Tensor();
   const at::Tensor offset_c = offset.contiguous();
+  Interrupt interrupt;
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "deform_conv2d_forward_cpu", [&] {
-    forward_impl<scalar_t>(input, weight, offset_c, mask_c, p, output);
+    forward_impl<scalar_t>(input, weight, offset_c, mask_c, p, output, interrupt);
   });
   if (bias.has_value() && bias->defined()) {
     output.add_(bias->view({1, s.out_channels, 1, 1}));
@@ -310,11 +346,12 @@ template <typename T>
 void columns_and_coordinate_grads(
     const Chunk<T>& chunk, const T* grad_columns, const DeformParams& p,
     const std::vector<Segment>& segments, const T* zeros, Tap<T>* taps, T* columns,
-    T* grad_offset, T* grad_mask) {
+    T* grad_offset, T* grad_mask, Interrupt& interrupt) {
   const int64_t k_taps = p.taps();
   const int64_t positions = p.positions();
   const int64_t rows = chunk.rows();
-  at::parallel_for(0, rows, grain_for(12 * k_taps * p.channels), [&](int64_t lo, int64_t hi) {
+  const int64_t work = 12 * k_taps * p.channels;
+  parallel_chunks(interrupt, rows, chunk_for(work), work, [&](int64_t lo, int64_t hi) {
     const T* corners[4];
     for (int64_t row = lo; row < hi; ++row) {
       const int64_t pos = row % positions;
@@ -380,14 +417,14 @@ void columns_and_coordinate_grads(
 template <typename T>
 void deformable_col2im(
     const Chunk<T>& chunk, const Tap<T>* taps, const T* grad_columns, const DeformParams& p,
-    const std::vector<Segment>& segments, T* grad_images) {
+    const std::vector<Segment>& segments, T* grad_images, Interrupt& interrupt) {
   const int64_t k_taps = p.taps();
   const int64_t rows = chunk.rows();
   const int64_t threads = at::get_num_threads();
   const int64_t width =
       std::max<int64_t>(16, ((p.channels + threads - 1) / threads + 15) / 16 * 16);
   const int64_t blocks = (p.channels + width - 1) / width;
-  at::parallel_for(0, blocks, grain_for(4 * rows * k_taps * width), [&](int64_t blo, int64_t bhi) {
+  parallel_chunks(interrupt, blocks, 1, 4 * rows * k_taps * width, [&](int64_t blo, int64_t bhi) {
     const int64_t b0 = blo * width;
     const int64_t b1 = std::min(p.channels, bhi * width);
     for (const Segment& s : segments) {
@@ -395,6 +432,7 @@ void deformable_col2im(
       const int64_t c1 = std::min(s.c1, b1);
       if (c0 >= c1) continue;
       for (int64_t row = 0; row < rows; ++row) {
+        if (row % 16 == 0 && interrupt.stop()) return;
         T* image = grad_images + (chunk.first + row / chunk.positions) * chunk.image_stride;
         for (int64_t k = 0; k < k_taps; ++k) {
           const Tap<T>& t = taps[(row * p.offset_groups + s.offset_group) * k_taps + k];
@@ -416,7 +454,7 @@ void backward_impl(
     const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
     const at::Tensor& offset, const at::Tensor& mask, const DeformParams& p,
     at::Tensor& grad_input, at::Tensor& grad_weight, at::Tensor& grad_offset,
-    at::Tensor& grad_mask) {
+    at::Tensor& grad_mask, Interrupt& interrupt) {
   const int64_t batch = input.size(0);
   const int64_t positions = p.positions();
   const int64_t taps = p.taps();
@@ -424,7 +462,7 @@ void backward_impl(
   const int64_t out_per_group = grad.size(1) / p.groups;
   const auto segments = channel_segments(p);
   const std::vector<T> zeros(p.channels, T(0));
-  const at::Tensor image_cl = channels_last_copy<T>(input);
+  const at::Tensor image_cl = channels_last_copy<T>(input, interrupt);
   at::Tensor grad_image_cl = at::zeros_like(image_cl);
   const at::Tensor w_rows = weight_as_rows(weight, p.groups).contiguous();
   at::Tensor grad_w_rows = at::zeros_like(w_rows);
@@ -446,17 +484,17 @@ void backward_impl(
     at::Tensor gcols = grad_columns.narrow(1, 0, rows);
     at::Tensor cols = columns.narrow(1, 0, rows);
     for (int64_t g = 0; g < p.groups; ++g) {
-      auto gc = gcols[g];
-      at::mm_out(gc, g_rows[g], w_rows[g]);
+      mm_sliced(gcols[g], g_rows[g], w_rows[g], interrupt);
     }
     columns_and_coordinate_grads<T>(
         chunk, gcols.data_ptr<T>(), p, segments, zeros.data(), tap_buffer.data(),
         cols.data_ptr<T>(), grad_offset.data_ptr<T>(),
-        mask.defined() ? grad_mask.data_ptr<T>() : nullptr);
+        mask.defined() ? grad_mask.data_ptr<T>() : nullptr, interrupt);
     deformable_col2im<T>(
-        chunk, tap_buffer.data(), gcols.data_ptr<T>(), p, segments, grad_image_cl.data_ptr<T>());
+        chunk, tap_buffer.data(), gcols.data_ptr<T>(), p, segments, grad_image_cl.data_ptr<T>(),
+        interrupt);
     for (int64_t g = 0; g < p.groups; ++g) {
-      grad_w_rows[g].addmm_(g_rows[g].t(), cols[g]);
+      add_mm_t_sliced(grad_w_rows[g], g_rows[g], cols[g], interrupt);
     }
   }
   // [N, H * W, C] -> [N, C, H, W]; [G, O / G, K, C / G] -> [O, C / G, kh, kw]
@@ -500,10 +538,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   const at::Tensor mask_c = has_mask ? mask->contiguous() : at::Tensor();
   const at::Tensor offset_c = offset.contiguous();
   const at::Tensor grad_c = grad.contiguous();
+  Interrupt interrupt;
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "deform_conv2d_backward_cpu", [&] {
     backward_impl<scalar_t>(
         grad_c, input, weight, offset_c, mask_c, p, grad_input, grad_weight, grad_offset,
-        grad_mask);
+        grad_mask, interrupt);
   });
   return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias};
 }

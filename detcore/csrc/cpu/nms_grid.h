@@ -16,10 +16,10 @@
 // Cells are skipped only when no box in them can overlap: the cell of a coordinate is a
 // non-decreasing function of it, the ranges are rounded outwards, and the skip tests compare the
 // boxes' own values. Every pair looked at gets the plain walk's IoU arithmetic, so the result is
-// the plain walk's, bit for bit. Boxes that overlap nothing (x2 <= x1 or y2 <= y1) are kept and
-// never filed. Boxes with a NaN or infinite coordinate, and every box when the threshold is
-// negative (then even disjoint boxes suppress each other), sit in one list that every kept box
-// scans; such a kept box scans everything.
+// the plain walk's, bit for bit. Boxes that no IoU involves (is_inert: a NaN or infinite
+// coordinate, or x2 <= x1 or y2 <= y1) are kept and never filed. When the threshold is negative
+// (then even disjoint boxes suppress each other) every other box sits in one list that every
+// kept box scans.
 //
 // The cost is the sum over kept boxes of the unsettled boxes in the cells they visit: never
 // above the plain walk's O(N * kept) by more than the cell visits, and close to the number of
@@ -33,6 +33,8 @@
 #include <limits>
 #include <vector>
 
+#include "interrupt.h"
+
 namespace detcore {
 namespace nms_grid {
 
@@ -42,6 +44,21 @@ constexpr int kLevelScaleLog2 = 2;       // a level holds boxes within a factor 
 constexpr double kCellPerWidth = 0.5;    // cell side over the level's largest box side
 constexpr double kCellsPerBox = 1.0 / 16; // at most one cell per 16 boxes of the level
 constexpr int64_t kSampledQueries = 64;   // queries sampled to choose between the walks
+constexpr int64_t kCheckEvery = 64;       // candidates between two interrupt checks
+
+// Whether box b = (x1, y1, x2, y2) is kept whatever the other boxes, and suppresses none: no IoU
+// with it, in either role, exceeds the threshold in iou_above's arithmetic. A NaN area (a NaN
+// coordinate, inf - inf, inf * 0) makes every such IoU NaN. With a threshold >= 0, so does an
+// infinite coordinate (the union is infinite or NaN, so the IoU is 0 or NaN), and a box with
+// x2 <= x1 or y2 <= y1 meets every box in an empty intersection.
+template <typename T>
+inline bool is_inert(const T* b, T threshold) {
+  if (std::isnan((b[2] - b[0]) * (b[3] - b[1]))) return true;
+  if (!(threshold >= T(0))) return false;
+  const bool finite =
+      std::isfinite(b[0]) && std::isfinite(b[1]) && std::isfinite(b[2]) && std::isfinite(b[3]);
+  return !finite || !(b[2] > b[0]) || !(b[3] > b[1]);
+}
 
 // The IoU test of torchvision's CPU kernel, in T: kept box k against box j.
 template <typename T>
@@ -126,10 +143,16 @@ class GreedyGrid {
     return 6.7 * (cells + visits) / queries + 0.19 * entries / queries + 38 < 0.154 * n_;
   }
 
-  void run(uint8_t* keep) {
+  // IoUs computed by run() so far.
+  int64_t ious() const { return ious_; }
+
+  // Sets keep[rank(i)] for the kept candidates; asks `interrupt` every kCheckEvery candidates
+  // (each kept one scans at most every later box) and returns early when it says stop.
+  void run(uint8_t* keep, Interrupt& interrupt) {
     fill();
     std::vector<uint8_t> removed(n_, 0);
     for (int64_t i = 0; i < n_; ++i) {
+      if (i % kCheckEvery == 0 && interrupt.stop()) return;
       if (removed[i]) continue;
       keep[rank(i)] = 1;
       if (kind_[i] == kInert) continue;
@@ -160,11 +183,10 @@ class GreedyGrid {
     double top = 0;
     for (int64_t i = 0; i < n_; ++i) {
       const T* b = box(i);
-      if (negative || !(std::isfinite(b[0]) && std::isfinite(b[1]) && std::isfinite(b[2]) &&
-                        std::isfinite(b[3]))) {
-        kind_[i] = kScanAll;
-      } else if (!(b[2] > b[0]) || !(b[3] > b[1])) {
+      if (is_inert(b, threshold_)) {
         kind_[i] = kInert;
+      } else if (negative) {  // (otherwise the box is finite and not empty)
+        kind_[i] = kScanAll;
       } else {
         top = std::max(top, std::max(double(b[2]) - double(b[0]), double(b[3]) - double(b[1])));
       }
@@ -320,6 +342,7 @@ class GreedyGrid {
     const T kx1 = b[0], ky1 = b[1], kx2 = b[2], ky2 = b[3];
     const T karea = (kx2 - kx1) * (ky2 - ky1);
     const int64_t count = hi - lo;
+    ious_ += count;
     int32_t* hit = hit_.data();
     const int64_t hits = iou_hits(
         kx1, ky1, kx2, ky2, karea, x1_.data() + lo, y1_.data() + lo, x2_.data() + lo,
@@ -352,6 +375,7 @@ class GreedyGrid {
   std::vector<T> x1_, y1_, x2_, y2_, area_;
   std::vector<int64_t> index_;        // candidate index of each filed box
   std::vector<int32_t> hit_;
+  int64_t ious_ = 0;
 };
 
 }  // namespace nms_grid

@@ -12,6 +12,8 @@
 // parallel region per step waited for its most delayed thread at every step. batched_nms groups
 // the boxes by category and, when the total work is large, runs the groups' walks in one
 // parallel region, threads taking groups as they come free.
+// Boxes that no IoU involves (NaN or infinite coordinates, empty boxes: nms_grid::is_inert) are
+// kept without entering either walk. Both walks check for Ctrl-C between blocks (interrupt.h).
 #include <algorithm>
 #include <atomic>
 #include <vector>
@@ -23,32 +25,43 @@
 #include "../checks.h"
 #include "../nms_common.h"
 #include "compute_type.h"
+#include "interrupt.h"
 #include "nms_grid.h"
 #include "parallel.h"
+#include "work_counters.h"
 
 namespace detcore {
 namespace {
+
+std::atomic<int64_t> iou_count{0};  // work_counters.h
 
 constexpr int64_t kBlock = 256;         // plain walk: candidates settled before a compaction
 constexpr int64_t kGridMinBoxes = 512;  // fewer boxes: the plain walk (the grid walk lost on
                                         // nearly every layout: docs/benchmarks.md)
 
-// The plain walk's candidates, in decreasing score order, as structure-of-arrays.
+// The plain walk's candidates, in decreasing score order, as structure-of-arrays: the boxes of
+// the walk that an IoU can involve (the inert ones are kept at once, nms_grid::is_inert).
 template <typename T>
 struct Candidates {
   std::vector<T> x1, y1, x2, y2, area;
   std::vector<int64_t> rank;  // position in the global score order
   std::vector<int32_t> suppressed;
+  int64_t count = 0;
 
-  // Candidate i is the box sorted_boxes[4 * r], r = ranks ? ranks[i] : i.
-  Candidates(const T* sorted_boxes, const int64_t* ranks, int64_t n)
+  // Walk entry i is the box sorted_boxes[4 * r], r = ranks ? ranks[i] : i.
+  Candidates(const T* sorted_boxes, const int64_t* ranks, int64_t n, T threshold, uint8_t* keep)
       : x1(n), y1(n), x2(n), y2(n), area(n), rank(n), suppressed(n, 0) {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t r = ranks ? ranks[i] : i;
       const T* b = sorted_boxes + 4 * r;
-      x1[i] = b[0], y1[i] = b[1], x2[i] = b[2], y2[i] = b[3];
-      area[i] = (b[2] - b[0]) * (b[3] - b[1]);
-      rank[i] = r;
+      if (nms_grid::is_inert(b, threshold)) {
+        keep[r] = 1;
+        continue;
+      }
+      x1[count] = b[0], y1[count] = b[1], x2[count] = b[2], y2[count] = b[3];
+      area[count] = (b[2] - b[0]) * (b[3] - b[1]);
+      rank[count] = r;
+      ++count;
     }
   }
 
@@ -72,33 +85,40 @@ void mark_overlapped(
   }
 }
 
-// Marks candidates [lo, hi) that candidate k overlaps by more than the threshold.
+// Marks candidates [lo, hi) that candidate k overlaps by more than the threshold; returns the
+// number of IoUs computed.
 template <typename T>
-void suppress_by(Candidates<T>& c, int64_t k, int64_t lo, int64_t hi, T threshold) {
+int64_t suppress_by(Candidates<T>& c, int64_t k, int64_t lo, int64_t hi, T threshold) {
   mark_overlapped(
       c.x1[k], c.y1[k], c.x2[k], c.y2[k], c.area[k], c.x1.data() + lo, c.y1.data() + lo,
       c.x2.data() + lo, c.y2.data() + lo, c.area.data() + lo, hi - lo, threshold,
       c.suppressed.data() + lo);
+  return hi - lo;
 }
 
 // The plain greedy walk: the kept boxes of each block of kBlock candidates suppress all later
-// candidates, then the survivors are compacted to the front, never to be visited again.
+// candidates, then the survivors are compacted to the front, never to be visited again. Asks
+// `interrupt` before each block. Returns the number of IoUs computed.
 template <typename T>
-void plain_walk(const T* sorted_boxes, const int64_t* ranks, int64_t n, T threshold, uint8_t* keep) {
-  Candidates<T> c(sorted_boxes, ranks, n);
+int64_t plain_walk(
+    const T* sorted_boxes, const int64_t* ranks, int64_t n, T threshold, uint8_t* keep,
+    Interrupt& interrupt) {
+  Candidates<T> c(sorted_boxes, ranks, n, threshold, keep);
   std::vector<int64_t> kept;
   kept.reserve(kBlock);
-  int64_t remaining = n;
+  int64_t remaining = c.count;
+  int64_t ious = 0;
   while (remaining > 0) {
+    if (interrupt.stop()) break;
     const int64_t block = std::min(kBlock, remaining);
     kept.clear();
     for (int64_t i = 0; i < block; ++i) {
       if (c.suppressed[i]) continue;
       keep[c.rank[i]] = 1;
       kept.push_back(i);
-      suppress_by(c, i, i + 1, block, threshold);
+      ious += suppress_by(c, i, i + 1, block, threshold);
     }
-    for (int64_t k : kept) suppress_by(c, k, block, remaining, threshold);
+    for (int64_t k : kept) ious += suppress_by(c, k, block, remaining, threshold);
     int64_t alive = 0;
     for (int64_t j = block; j < remaining; ++j) {
       if (!c.suppressed[j]) c.move(j, alive++);
@@ -106,20 +126,26 @@ void plain_walk(const T* sorted_boxes, const int64_t* ranks, int64_t n, T thresh
     std::fill(c.suppressed.begin(), c.suppressed.begin() + alive, 0);
     remaining = alive;
   }
+  return ious;
 }
 
 // Greedy NMS of candidates 0..n-1 (decreasing score; candidate i is the box
-// sorted_boxes[4 * r], r = ranks ? ranks[i] : i); sets keep[r] for the kept ones.
+// sorted_boxes[4 * r], r = ranks ? ranks[i] : i); sets keep[r] for the kept ones. Adds the IoUs
+// it computed to iou_count.
 template <typename T>
-void greedy_walk(const T* sorted_boxes, const int64_t* ranks, int64_t n, T threshold, uint8_t* keep) {
+void greedy_walk(
+    const T* sorted_boxes, const int64_t* ranks, int64_t n, T threshold, uint8_t* keep,
+    Interrupt& interrupt) {
   if (n >= kGridMinBoxes) {
     nms_grid::GreedyGrid<T> grid(sorted_boxes, ranks, n, threshold);
     if (grid.beats_plain_walk()) {
-      grid.run(keep);
+      grid.run(keep, interrupt);
+      iou_count.fetch_add(grid.ious(), std::memory_order_relaxed);
       return;
     }
   }
-  plain_walk(sorted_boxes, ranks, n, threshold, keep);
+  const int64_t ious = plain_walk(sorted_boxes, ranks, n, threshold, keep, interrupt);
+  iou_count.fetch_add(ious, std::memory_order_relaxed);
 }
 
 // Kept indices in decreasing score order, from a keep flag per rank.
@@ -135,10 +161,13 @@ at::Tensor kept_indices(const at::Tensor& order, const std::vector<uint8_t>& kee
 }
 
 template <typename T>
-at::Tensor nms_sorted(const at::Tensor& boxes, const at::Tensor& order, double iou_threshold) {
+at::Tensor nms_sorted(
+    const at::Tensor& boxes, const at::Tensor& order, double iou_threshold, Interrupt& interrupt) {
   auto sorted_boxes = boxes.index_select(0, order).contiguous();
   std::vector<uint8_t> keep(boxes.size(0), 0);
-  greedy_walk(sorted_boxes.data_ptr<T>(), nullptr, boxes.size(0), threshold_in<T>(iou_threshold), keep.data());
+  greedy_walk(
+      sorted_boxes.data_ptr<T>(), nullptr, boxes.size(0), threshold_in<T>(iou_threshold),
+      keep.data(), interrupt);
   return kept_indices(order, keep);
 }
 
@@ -147,7 +176,7 @@ at::Tensor nms_sorted(const at::Tensor& boxes, const at::Tensor& order, double i
 template <typename T>
 at::Tensor batched_nms_sorted(
     const at::Tensor& boxes, const at::Tensor& order, const at::Tensor& sorted_category,
-    double iou_threshold) {
+    double iou_threshold, Interrupt& interrupt) {
   const int64_t n = boxes.size(0);
   auto sorted_boxes = boxes.index_select(0, order).contiguous();
   auto by_category = std::get<1>(sorted_category.sort(/*stable=*/true, 0, /*descending=*/false));
@@ -170,9 +199,12 @@ at::Tensor batched_nms_sorted(
     const int64_t m = starts[g + 1] - starts[g];
     work += m * std::min<int64_t>(m, kGridMinBoxes) / 2;
   }
-  parallel_chunks(groups, 1, work / groups, [&](int64_t lo, int64_t hi) {
+  parallel_chunks(interrupt, groups, 1, work / groups, [&](int64_t lo, int64_t hi) {
     for (int64_t g = lo; g < hi; ++g) {
-      greedy_walk(box_ptr, rank_ptr + starts[g], starts[g + 1] - starts[g], threshold, keep.data());
+      if (interrupt.stop()) return;
+      greedy_walk(
+          box_ptr, rank_ptr + starts[g], starts[g + 1] - starts[g], threshold, keep.data(),
+          interrupt);
     }
   });
   return kept_indices(order, keep);
@@ -187,10 +219,11 @@ at::Tensor nms_cpu(const at::Tensor& boxes, const at::Tensor& scores, double iou
   if (boxes.size(0) == 0) {
     return at::empty({0}, boxes.options().dtype(at::kLong));
   }
+  Interrupt interrupt;
   auto order = sort_order(scores);
   const auto boxes_c = in_compute_type(boxes);
   return AT_DISPATCH_FLOATING_TYPES(boxes_c.scalar_type(), "nms_cpu", [&] {
-    return nms_sorted<scalar_t>(boxes_c, order, iou_threshold);
+    return nms_sorted<scalar_t>(boxes_c, order, iou_threshold, interrupt);
   });
 }
 
@@ -201,15 +234,18 @@ at::Tensor batched_nms_cpu(
   if (boxes.size(0) == 0) {
     return at::empty({0}, boxes.options().dtype(at::kLong));
   }
+  Interrupt interrupt;
   auto order = sort_order(scores);
   auto sorted_category = category_ids(idxs).index_select(0, order).contiguous();
   const auto boxes_c = in_compute_type(boxes);
   return AT_DISPATCH_FLOATING_TYPES(boxes_c.scalar_type(), "batched_nms_cpu", [&] {
-    return batched_nms_sorted<scalar_t>(boxes_c, order, sorted_category, iou_threshold);
+    return batched_nms_sorted<scalar_t>(boxes_c, order, sorted_category, iou_threshold, interrupt);
   });
 }
 
 }  // namespace
+
+int64_t nms_iou_count() { return iou_count.load(std::memory_order_relaxed); }
 
 TORCH_LIBRARY_IMPL(detcore, CPU, m) {
   m.impl("nms", TORCH_FN(nms_cpu));

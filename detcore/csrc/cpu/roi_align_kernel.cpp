@@ -16,7 +16,8 @@
 //    only lands in channel c, so no two threads write the same value: no atomics, no locks.
 // The sums are the same bits in every path and for any number of threads: each output value is
 // summed tap by tap in the same order, and each gradient value roi by roi (in index order), bin
-// by bin, tap by tap.
+// by bin, tap by tap. Every path asks for Ctrl-C before each roi (interrupt.h): a roi with
+// sampling_ratio 128 has 16384 taps a bin.
 #include <algorithm>
 #include <tuple>
 #include <vector>
@@ -33,13 +34,6 @@
 
 namespace detcore {
 namespace {
-
-// Items handed out at a time by parallel_chunks: about a twentieth of kMinChunkWork each (tens of
-// microseconds), so that a thread delayed by the OS holds back little work, and the shared
-// counter is touched rarely.
-int64_t chunk_for(int64_t work_per_item) {
-  return std::max<int64_t>(1, kMinChunkWork / 20 / std::max<int64_t>(1, work_per_item));
-}
 
 // Multiply-adds of one roi over one channel (the work unit of the grains).
 int64_t roi_work(const RoiAlignParams& p) {
@@ -102,7 +96,7 @@ void pool_roi_channels_last(
 template <typename T>
 void roi_align_forward_by_roi(
     const at::Tensor& input, bool channels_last, const at::Tensor& rois, const RoiAlignParams& p,
-    at::Tensor& output) {
+    at::Tensor& output, Interrupt& interrupt) {
   const int64_t num_rois = rois.size(0);
   const int64_t channels = input.size(1);
   const int64_t bins = p.pooled_height * p.pooled_width;
@@ -110,10 +104,11 @@ void roi_align_forward_by_roi(
   const T* roi_ptr = rois.data_ptr<T>();
   T* out = output.data_ptr<T>();
   const int64_t work = roi_work(p) * channels;
-  parallel_chunks(num_rois, chunk_for(work), work, [&](int64_t lo, int64_t hi) {
+  parallel_chunks(interrupt, num_rois, chunk_for(work), work, [&](int64_t lo, int64_t hi) {
     RoiTaps<T> rt;
     std::vector<T> acc(channels_last ? bins * channels : 0);
     for (int64_t r = lo; r < hi; ++r) {
+      if (interrupt.stop()) return;
       compute_taps(roi_ptr + 5 * r, p, rt);
       if (channels_last) {
         pool_roi_channels_last(in, channels, rt, p, acc.data(), out + r * channels * bins);
@@ -129,7 +124,8 @@ void roi_align_forward_by_roi(
 // map (consecutive rois then read rows of the buffer that are already in the cache).
 template <typename T>
 void roi_align_forward_blocked(
-    const at::Tensor& input, const at::Tensor& rois, const RoiAlignParams& p, at::Tensor& output) {
+    const at::Tensor& input, const at::Tensor& rois, const RoiAlignParams& p, at::Tensor& output,
+    Interrupt& interrupt) {
   const int64_t num_rois = rois.size(0);
   const int64_t images = input.size(0), channels = input.size(1);
   const int64_t plane = p.height * p.width;
@@ -151,7 +147,7 @@ void roi_align_forward_blocked(
   std::vector<Scratch> scratch(at::get_num_threads());
   const int64_t blocks = (channels + kBlock - 1) / kBlock;
   const int64_t work = (roi_work(p) * num_rois + images * plane) * kBlock;
-  parallel_chunks(blocks, 1, work, [&](int64_t lo, int64_t hi) {
+  parallel_chunks(interrupt, blocks, 1, work, [&](int64_t lo, int64_t hi) {
     Scratch& s = scratch[at::get_thread_num()];
     s.block.resize(images * plane * kBlock);  // gather_block writes every lane
     s.acc.resize(bins * kBlock);
@@ -159,6 +155,7 @@ void roi_align_forward_blocked(
       const int64_t n = std::min(kBlock, channels - c0);
       gather_block(input, /*channels_last=*/false, c0, n, s.block.data());
       for (const int64_t r : order) {
+        if (interrupt.stop()) return;
         const RoiTaps<T>& rt = taps.of(r, s.taps);
         const T* image = s.block.data() + rt.batch * plane * kBlock;
         for (int64_t b = 0; b < bins; ++b) {
@@ -210,7 +207,8 @@ struct GradView {
 // roi's gradient into it (rois in index order), and copies it into grad_input's channels.
 template <typename T>
 void roi_align_backward_blocked(
-    const GradView<T>& g, const at::Tensor& rois, const RoiAlignParams& p, at::Tensor& grad_input) {
+    const GradView<T>& g, const at::Tensor& rois, const RoiAlignParams& p, at::Tensor& grad_input,
+    Interrupt& interrupt) {
   const int64_t num_rois = rois.size(0);
   const int64_t images = grad_input.size(0), channels = grad_input.size(1);
   const int64_t plane = p.height * p.width;
@@ -224,7 +222,7 @@ void roi_align_backward_blocked(
   std::vector<Scratch> scratch(at::get_num_threads());
   const int64_t blocks = (channels + kBlock - 1) / kBlock;
   const int64_t work = (roi_work(p) * num_rois + 2 * images * plane) * kBlock;
-  parallel_chunks(blocks, 1, work, [&](int64_t lo, int64_t hi) {
+  parallel_chunks(interrupt, blocks, 1, work, [&](int64_t lo, int64_t hi) {
     Scratch& s = scratch[at::get_thread_num()];
     s.block.resize(images * plane * kBlock);
     s.grad.resize(bins * kBlock);  // [bin][channel of the block]; lanes past n stay zero
@@ -233,6 +231,7 @@ void roi_align_backward_blocked(
       std::fill(s.block.begin(), s.block.end(), T(0));
       std::fill(s.grad.begin(), s.grad.end(), T(0));
       for (int64_t r = 0; r < num_rois; ++r) {
+        if (interrupt.stop()) return;
         const RoiTaps<T>& rt = taps.of(r, s.taps);
         for (int64_t k = 0; k < n; ++k) {
           const T* src = g.of(r, c0 + k);
@@ -256,7 +255,8 @@ void roi_align_backward_blocked(
 // them (rois in index order).
 template <typename T>
 void roi_align_backward_planar(
-    const GradView<T>& g, const at::Tensor& rois, const RoiAlignParams& p, at::Tensor& grad_input) {
+    const GradView<T>& g, const at::Tensor& rois, const RoiAlignParams& p, at::Tensor& grad_input,
+    Interrupt& interrupt) {
   const int64_t num_rois = rois.size(0);
   const int64_t images = grad_input.size(0), channels = grad_input.size(1);
   const int64_t plane = p.height * p.width;
@@ -265,13 +265,14 @@ void roi_align_backward_planar(
   SharedTaps<T> taps(rois.data_ptr<T>(), num_rois, p);
   std::vector<RoiTaps<T>> scratch(at::get_num_threads());
   const int64_t work = roi_work(p) * num_rois + images * plane;
-  parallel_chunks(channels, chunk_for(work), work, [&](int64_t c_lo, int64_t c_hi) {
+  parallel_chunks(interrupt, channels, chunk_for(work), work, [&](int64_t c_lo, int64_t c_hi) {
     RoiTaps<T>& own = scratch[at::get_thread_num()];
     for (int64_t c = c_lo; c < c_hi; ++c) {
       for (int64_t n = 0; n < images; ++n) {
         std::fill(gin + (n * channels + c) * plane, gin + (n * channels + c + 1) * plane, T(0));
       }
       for (int64_t r = 0; r < num_rois; ++r) {
+        if (interrupt.stop()) return;
         const RoiTaps<T>& rt = taps.of(r, own);
         const Tap<T>* t_ptr = rt.taps.data();
         T* dst = gin + (rt.batch * channels + c) * plane;
@@ -316,14 +317,16 @@ at::Tensor roi_align_forward_cpu(
                          aligned,       input.size(2), input.size(3), max_samples};
   auto rois_c = rois.contiguous();
   const int64_t bins = pooled_height * pooled_width;
+  Interrupt interrupt;
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "roi_align_forward_cpu", [&] {
     if (input.is_contiguous(at::MemoryFormat::ChannelsLast)) {
       // MODEL.CHANNELS_LAST: read in place, every tap a pass over contiguous channels.
-      roi_align_forward_by_roi<scalar_t>(input, /*channels_last=*/true, rois_c, p, output);
+      roi_align_forward_by_roi<scalar_t>(input, /*channels_last=*/true, rois_c, p, output, interrupt);
     } else if (use_blocks(rois.size(0), input.size(1), bins, input.numel())) {
-      roi_align_forward_blocked<scalar_t>(input.contiguous(), rois_c, p, output);
+      roi_align_forward_blocked<scalar_t>(input.contiguous(), rois_c, p, output, interrupt);
     } else {
-      roi_align_forward_by_roi<scalar_t>(input.contiguous(), /*channels_last=*/false, rois_c, p, output);
+      roi_align_forward_by_roi<scalar_t>(
+          input.contiguous(), /*channels_last=*/false, rois_c, p, output, interrupt);
     }
   });
   return output;
@@ -352,12 +355,13 @@ at::Tensor roi_align_backward_cpu(
   // Every value is written below: the paths zero what they add into.
   auto grad_input = at::empty({batch_size, channels, height, width}, grad.options());
   const bool blocks = use_blocks(rois.size(0), channels, bins, grad_input.numel());
+  Interrupt interrupt;
   AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "roi_align_backward_cpu", [&] {
     const GradView<scalar_t> g(grad);
     if (blocks) {
-      roi_align_backward_blocked<scalar_t>(g, rois_c, p, grad_input);
+      roi_align_backward_blocked<scalar_t>(g, rois_c, p, grad_input, interrupt);
     } else {
-      roi_align_backward_planar<scalar_t>(g, rois_c, p, grad_input);
+      roi_align_backward_planar<scalar_t>(g, rois_c, p, grad_input, interrupt);
     }
   });
   return grad_input;

@@ -17,6 +17,7 @@
 // The max is taken with a strict >, pixels in row-major order, as torchvision does: the first
 // of equal maxima wins (and gets the gradient), NaN is never picked.
 // float16 / bfloat16 are computed in float32 (exact for a max) and cast back.
+// Every path asks for Ctrl-C between rois (interrupt.h).
 #include <algorithm>
 #include <cstring>
 #include <tuple>
@@ -85,7 +86,7 @@ inline bool is_empty(PixelRange rows, PixelRange cols) {
 template <typename T>
 void roi_pool_forward_planar(
     const at::Tensor& input, const AllBins& bins_of, const RoiPoolParams& p, at::Tensor& output,
-    at::Tensor& argmax) {
+    at::Tensor& argmax, Interrupt& interrupt) {
   const int64_t num_rois = output.size(0);
   const int64_t channels = input.size(1);
   const int64_t plane = p.height * p.width;
@@ -94,8 +95,9 @@ void roi_pool_forward_planar(
   T* out = output.data_ptr<T>();
   int32_t* arg = argmax.data_ptr<int32_t>();
   // Work per pair: about the roi's area; 4 per bin is a fair stand-in for the grain.
-  parallel_chunks(channels * num_rois, 64, 4 * bins, [&](int64_t lo, int64_t hi) {
+  parallel_chunks(interrupt, channels * num_rois, 64, 4 * bins, [&](int64_t lo, int64_t hi) {
     for (int64_t item = lo; item < hi; ++item) {
+      if (item % 8 == 0 && interrupt.stop()) return;  // a roi may span the whole map
       const int64_t c = item / num_rois;
       const int64_t r = item % num_rois;
       const T* src = in + (bins_of.batch[r] * channels + c) * plane;
@@ -230,7 +232,7 @@ void pool_bin_block(
 template <typename T>
 void roi_pool_forward_blocked(
     const at::Tensor& input, const AllBins& bins_of, const RoiPoolParams& p, at::Tensor& output,
-    at::Tensor& argmax) {
+    at::Tensor& argmax, Interrupt& interrupt) {
   const int64_t num_rois = output.size(0);
   const int64_t channels = output.size(1);
   const int64_t plane = p.height * p.width;
@@ -252,7 +254,7 @@ void roi_pool_forward_blocked(
            std::tie(bins_of.batch[j], rj.begin, cj.begin);
   });
   const int64_t blocks = (channels + kBlock - 1) / kBlock;
-  parallel_chunks(blocks, 1, 4 * bins * kBlock * num_rois, [&](int64_t lo, int64_t hi) {
+  parallel_chunks(interrupt, blocks, 1, 4 * bins * kBlock * num_rois, [&](int64_t lo, int64_t hi) {
     std::vector<T>& buffer = buffers[at::get_thread_num()];
     buffer.resize(block_size);
     T* block = buffer.data();
@@ -262,6 +264,7 @@ void roi_pool_forward_blocked(
       const int64_t n = std::min(kBlock, channels - c0);
       gather_block(source, channels_last, c0, n, block);
       for (const int64_t r : order) {
+        if (interrupt.stop()) return;
         const T* image = block + bins_of.batch[r] * plane * kBlock;
         const PixelRange* rows_of = bins_of.rows_of(r);
         const PixelRange* cols_of = bins_of.cols_of(r);
@@ -313,12 +316,13 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_float(
   auto rois_c = rois.contiguous();
   const int64_t bins = p.pooled_height * p.pooled_width;
   const bool blocks = use_blocks(num_rois, channels, bins, input.size(0), p.height * p.width);
+  Interrupt interrupt;
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "roi_pool_forward_cpu", [&] {
     const AllBins bins_of = compute_all_bins<scalar_t>(rois_c, p);
     if (blocks) {
-      roi_pool_forward_blocked<scalar_t>(input, bins_of, p, output, argmax);
+      roi_pool_forward_blocked<scalar_t>(input, bins_of, p, output, argmax, interrupt);
     } else {
-      roi_pool_forward_planar<scalar_t>(input.contiguous(), bins_of, p, output, argmax);
+      roi_pool_forward_planar<scalar_t>(input.contiguous(), bins_of, p, output, argmax, interrupt);
     }
   });
   return {output, argmax};
@@ -340,7 +344,7 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward_cpu(
 template <typename T>
 void roi_pool_backward_impl(
     const at::Tensor& grad, const at::Tensor& rois, const at::Tensor& argmax,
-    const RoiPoolParams& p, at::Tensor& grad_input) {
+    const RoiPoolParams& p, at::Tensor& grad_input, Interrupt& interrupt) {
   const int64_t num_rois = rois.size(0);
   const int64_t channels = grad_input.size(1);
   const int64_t plane = p.height * p.width;
@@ -354,7 +358,7 @@ void roi_pool_backward_impl(
   const int32_t* arg = argmax.data_ptr<int32_t>();
   T* gin = grad_input.data_ptr<T>();  // uninitialized: each channel's planes are zeroed here
   const int64_t images = grad_input.size(0);
-  parallel_chunks(channels, 4, num_rois * bins + images * plane, [&](int64_t c_lo, int64_t c_hi) {
+  parallel_chunks(interrupt, channels, 4, num_rois * bins + images * plane, [&](int64_t c_lo, int64_t c_hi) {
     for (int64_t c = c_lo; c < c_hi; ++c) {
       // Zeroed just before the adds, so they find the planes in the cache (a separate zero fill
       // of the whole gradient would write it to memory and read it back).
@@ -362,6 +366,7 @@ void roi_pool_backward_impl(
         std::fill(gin + (n * channels + c) * plane, gin + (n * channels + c + 1) * plane, T(0));
       }
       for (int64_t r = 0; r < num_rois; ++r) {
+        if (r % 64 == 0 && interrupt.stop()) return;  // a roi's bins: few adds each
         const int32_t* a = arg + (r * channels + c) * bins;
         const T* src = g + r * s0 + c * s1;
         T* dst = gin + (batch[r] * channels + c) * plane;
@@ -392,8 +397,9 @@ at::Tensor roi_pool_backward_cpu(
     grad_input.zero_();
   } else {
     const at::Tensor argmax_c = argmax.contiguous();
+    Interrupt interrupt;
     AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "roi_pool_backward_cpu", [&] {
-      roi_pool_backward_impl<scalar_t>(g, r, argmax_c, p, grad_input);
+      roi_pool_backward_impl<scalar_t>(g, r, argmax_c, p, grad_input, interrupt);
     });
   }
   return low_precision ? grad_input.to(grad.scalar_type()) : grad_input;

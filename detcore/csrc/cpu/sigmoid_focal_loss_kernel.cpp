@@ -237,7 +237,8 @@ void run_blocks(
   const int64_t blocks = (job.numel + kBlock - 1) / kBlock;
   std::vector<int64_t> bad(blocks, -1);
   job.block_bad = bad.data();
-  parallel_chunks(blocks, 1, kBlock * kWorkPerElement, [&](int64_t lo, int64_t hi) {
+  Interrupt interrupt;  // asked between blocks (parallel_chunks)
+  parallel_chunks(interrupt, blocks, 1, kBlock * kWorkPerElement, [&](int64_t lo, int64_t hi) {
     if constexpr (std::is_same_v<S, float>) {
       float_loop(forward)(job, lo, hi);
     } else if (forward) {
