@@ -45,6 +45,18 @@ def parse_args(argv=None):
         "--allow-random-weights", action="store_true",
         help="export an untrained model when MODEL.WEIGHTS is empty (otherwise refused)",
     )
+    # int8 post-training quantization (ONNX, OpenVINO): detcore/export/quantize.py.
+    parser.add_argument(
+        "--int8", action="store_true",
+        help="quantize the ONNX or OpenVINO export to int8, calibrated on --calibration-dataset",
+    )
+    parser.add_argument(
+        "--calibration-dataset", metavar="NAME",
+        help="registered dataset whose images calibrate --int8 (e.g. shapes_val, coco:path/to/val.json)",
+    )
+    parser.add_argument(
+        "--calibration-images", type=int, default=100, metavar="N", help="how many of its images (default 100)"
+    )
     parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE overrides; set MODEL.WEIGHTS")
     return parser.parse_args(argv)
 
@@ -62,7 +74,10 @@ def main(argv=None):
             "checkpoint (MODEL.WEIGHTS path/to/model_final.pth), or add --allow-random-weights if that is the intent."
         )
     try:  # before the model is built and traced: the format, settings and folder can be refused now
-        check_export_request(cfg, args.format, args.output, args.overwrite)
+        check_export_request(
+            cfg, args.format, args.output, args.overwrite,
+            args.int8, args.calibration_dataset, args.calibration_images,
+        )
     except (ValueError, OSError, ImportError) as e:
         raise SystemExit(str(e)) from None
     model = build_model(cfg).eval()
@@ -81,6 +96,7 @@ def main(argv=None):
     paths = export_model(
         cfg, model, args.format, args.output, sample, args.input_layout, class_names, args.batch_size,
         overwrite=args.overwrite,
+        int8=args.int8, calibration_dataset=args.calibration_dataset, calibration_images=args.calibration_images,
     )
     print(f"Wrote {paths['model']} and {paths['metadata']}")
     return paths

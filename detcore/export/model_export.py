@@ -35,6 +35,7 @@ from detcore.utils import strict_json
 from .input_checks import add_onnx_input_checks, input_contracts
 from .onnx_ops import OPSET, onnx_translation_table, split_roi_pool
 from .openvino_format import import_openvino, onnx_to_openvino, openvino_version
+from . import quantize as int8_quantization
 from .torchscript import script_exported_program
 from .wrapper import ExportableDetector
 
@@ -148,7 +149,7 @@ def _write_atomically(path: str, write) -> None:
             os.unlink(temporary)
 
 
-def _write_openvino_atomically(onnx_program, xml_path: str) -> None:
+def _write_openvino_atomically(onnx_program, xml_path: str, transform=None) -> None:
     """The IR under temporary names, then renamed: the weights first, the .xml (what a reader
     opens) last. The .xml finds its weights by its own name, so both keep the same stem."""
     folder, name = os.path.split(xml_path)
@@ -156,7 +157,7 @@ def _write_openvino_atomically(onnx_program, xml_path: str) -> None:
     temporary = os.path.join(folder, ".partial." + name)
     pairs = [(temporary[: -len(".xml")] + ".bin", os.path.join(folder, stem + ".bin")), (temporary, xml_path)]
     try:
-        onnx_to_openvino(onnx_program, temporary)
+        onnx_to_openvino(onnx_program, temporary, transform)
         for source, target in pairs:
             os.replace(source, target)
     finally:
@@ -165,13 +166,19 @@ def _write_openvino_atomically(onnx_program, xml_path: str) -> None:
                 os.unlink(source)
 
 
-def check_export_request(cfg, fmt: str, output_dir: str, overwrite: bool = False) -> None:
+def check_export_request(
+    cfg, fmt: str, output_dir: str, overwrite: bool = False, int8: bool = False,
+    calibration_dataset: Optional[str] = None, calibration_images: int = 100,
+) -> None:
     """What ``export_model`` refuses before tracing, checked on its own (tools/export_model.py
     calls it before building the model): the format, a precision or TEST.AUG setting the graph
-    cannot hold, a folder that already holds an export (unless ``overwrite``) or cannot be written
-    to. Creates ``output_dir`` if missing."""
+    cannot hold, an int8 request a format or the installed packages cannot serve (quantize.py), a
+    folder that already holds an export (unless ``overwrite``) or cannot be written to. Creates
+    ``output_dir`` if missing."""
     if fmt not in FORMATS:
         raise ValueError(f"export_model: format must be one of {FORMATS}, got {fmt!r}")
+    if int8:
+        int8_quantization.check_int8_request(fmt, calibration_dataset, calibration_images)
     if fmt == "openvino":
         try:  # refused now, with what to install, rather than after tracing
             import_openvino()
@@ -205,6 +212,7 @@ def check_export_request(cfg, fmt: str, output_dir: str, overwrite: bool = False
 def export_model(
     cfg, model, fmt: str, output_dir: str, sample_image: Optional[torch.Tensor] = None,
     input_layout: str = "CHW", class_names=None, batch_size: Optional[int] = None, overwrite: bool = False,
+    int8: bool = False, calibration_dataset: Optional[str] = None, calibration_images: int = 100,
 ) -> Dict[str, str]:
     """Writes ``output_dir/model.ts``, ``model.pt2``, ``model.onnx`` or ``model.xml`` (+ ``model.bin``)
     and ``output_dir/export.json``.
@@ -220,6 +228,8 @@ def export_model(
             at once (the sample image is repeated to trace it).
         overwrite: replace the model file and export.json of an earlier export in ``output_dir``
             (refused otherwise); other files there are left as they are.
+        int8: quantize the ONNX or OpenVINO export to int8 (quantize.py), calibrated on the first
+            ``calibration_images`` images of the registered dataset ``calibration_dataset``.
 
     Returns:
         ``{"model": path, "metadata": path}``.
@@ -232,7 +242,10 @@ def export_model(
         detector.check_input(image)
     except (ValueError, RuntimeError) as e:  # torch._check raises RuntimeError
         raise ValueError(f"export_model: sample_image does not fit the graph: {e}") from None
-    check_export_request(cfg, fmt, output_dir, overwrite)
+    check_export_request(cfg, fmt, output_dir, overwrite, int8, calibration_dataset, calibration_images)
+    int8_entry, quantize = None, None
+    if int8:
+        int8_entry, quantize = _int8_plan(cfg, model, fmt, detector, calibration_dataset, calibration_images)
     program = trace_detector(detector, image.to(detector.model.device))
     path = os.path.join(output_dir, _FILE_NAMES[fmt])
     if fmt == "exported_program":
@@ -242,12 +255,16 @@ def export_model(
         _write_atomically(path, lambda temporary: torch.jit.save(scripted, temporary))
     elif fmt == "onnx":
         onnx_program = program_to_onnx(program, (image,), detector.output_names)
-        _write_atomically(path, onnx_program.save)
+        _write_atomically(path, quantize(onnx_program) if quantize else onnx_program.save)
     else:
         onnx_program = program_to_onnx(program, (image,), detector.output_names)
-        _write_openvino_atomically(onnx_program, path)
+        _write_openvino_atomically(onnx_program, path, quantize(onnx_program) if quantize else None)
     metadata_path = os.path.join(output_dir, "export.json")
-    text = strict_json.dumps(_metadata(cfg, detector, fmt, os.path.basename(path), class_names), indent=2)
+    metadata = _metadata(cfg, detector, fmt, os.path.basename(path), class_names)
+    metadata["int8"] = int8_entry
+    if int8:
+        metadata["versions"].update(int8_quantization.quantizer_versions(fmt))
+    text = strict_json.dumps(metadata, indent=2)
 
     def write_metadata(temporary):
         with open(temporary, "w") as f:
@@ -255,6 +272,35 @@ def export_model(
 
     _write_atomically(metadata_path, write_metadata)
     return {"model": path, "metadata": metadata_path}
+
+
+def _int8_plan(cfg, model, fmt, detector, calibration_dataset, calibration_images):
+    """export.json's ``int8`` entry and the step that quantizes the written graph: for ONNX a
+    writer of the int8 file from the float ONNXProgram, for OpenVINO a transform of the ov.Model.
+    Warns where this CPU would emulate int8."""
+    int8_quantization.warn_if_int8_emulated()
+    inputs = int8_quantization.calibration_inputs(
+        cfg, calibration_dataset, calibration_images, detector.input_layout, detector.batch_size, detector.min_side
+    )
+    keep_float = int8_quantization.float_layers(model)
+    entry = int8_quantization.int8_metadata(fmt, calibration_dataset, len(inputs), calibration_images, keep_float)
+    if fmt == "openvino":
+        def transform_for(onnx_program):
+            nodes = int8_quantization.onnx_nodes_of(onnx_program.model_proto, list(keep_float))
+            return lambda ov_model: int8_quantization.quantize_openvino_model(ov_model, inputs, nodes)
+
+        return entry, transform_for
+
+    def write_int8_onnx(onnx_program):
+        def write(temporary):
+            with tempfile.TemporaryDirectory(prefix="detcore_float_onnx_") as folder:
+                float_path = os.path.join(folder, "model.onnx")
+                onnx_program.save(float_path)
+                int8_quantization.quantize_onnx_file(float_path, temporary, inputs, list(keep_float))
+
+        return write
+
+    return entry, write_int8_onnx
 
 
 def _score_threshold(cfg) -> float:
