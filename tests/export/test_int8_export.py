@@ -2,13 +2,17 @@
 NNCF, both calibrated on a registered dataset (the tiny shapes split), run by their runtime on the
 VOC photo at sizes not seen at export or calibration.
 
-Tolerance: every detection eager scores above SCORE has an int8 detection of the same class whose
-box overlaps it with IoU >= MIN_IOU. int8 moves scores a little (about 0.01-0.05 here), so the
-int8 side is searched among its detections above SCORE - SCORE_SLACK. Chosen from what was
-measured: on the trained R-18 shapes model (1000 iterations) int8 ONNX and OpenVINO boxes overlap
-eager's at IoU 0.95-0.999 with the same classes; on the seeded random model these tests use, see
-the numbers in the helpers' report. Calibrating on black images, or quantizing the boxes fed to
-NMS / ROIAlign, fails these tests.
+Tolerance: of the detections eager scores above SCORE, at least MATCHED have an int8 detection
+of the same class whose box overlaps at IoU >= MIN_IOU, and every one has one at IoU >=
+MIN_IOU_ALL. int8 moves scores a little (about 0.01-0.05 here), so the int8 side is searched among
+its detections above SCORE - SCORE_SLACK. Chosen from what was measured: on the seeded random
+model these tests use (fast, no training), 13 of 15 / 8 of 8 (ONNX) and 14 of 15 / 8 of 8
+(OpenVINO) confident detections match at IoU 0.98-0.999, the others at IoU 0.32-0.33: where two
+overlapping boxes score nearly the same, int8 flips which one NMS keeps. On the trained R-18
+shapes model (1000 iterations) every detection above 0.05 matched at IoU 0.95-0.999 with the same
+class. Calibrating ONNX on black images fails the ONNX test (IoU 0 for most); letting NNCF
+quantize every operator type it can fails the OpenVINO test; giving RoiAlign, the RPN's outputs
+and the mask logits onnxruntime's int8-rounded tensors fails the ONNX graph check.
 
 The graphs are also checked for what stays in float32: no quantized tensor feeds NMS, ROIAlign or
 the box head's last layers, and convolutions are quantized.
