@@ -115,7 +115,13 @@ setup(
     name="detcore",
     version="0.1.0",
     description="Mask R-CNN style detection and instance segmentation with compiled NMS/ROIAlign",
-    packages=find_packages(exclude=("tests", "tests.*", "tools", "configs")),
+    # The presets ship inside the package as detcore/configs/ (the clone keeps them in configs/):
+    # `--config-file torchvision/mask_rcnn_R_50_FPN.yaml` finds them (detcore/config/presets.py).
+    packages=find_packages(exclude=("tests", "tests.*", "tools", "configs", "benchmarks", "benchmarks.*"))
+    + ["detcore.configs"],
+    package_dir={"detcore.configs": "configs"},
+    package_data={"detcore.configs": ["**/*.yaml", "README.md"]},
+    entry_points={"console_scripts": ["detcore = detcore.cli:main"]},
     python_requires=">=3.9",
     install_requires=["torch", "yacs", "numpy", "pycocotools", "opencv-python-headless", "matplotlib"],
     extras_require={

@@ -3,8 +3,8 @@
 # R-18-FPN on the built-in synthetic shapes dataset, evaluate box and mask AP on shapes_val,
 # draw pictures of the evaluation (PR curves, per-class AP, confusion matrix, the images with the
 # most errors), demo pictures of validation images and the loss curves -- all into one folder.
-# On a 2-core CPU the R-18 recipe trains in ~6-10 minutes (measured on a fresh machine, setup
-# included: 8 min 39 s, 59.1 box / 60.1 mask AP on shapes_val; docs/benchmarks.md).
+# On a 2-core CPU the R-18 recipe trains in minutes (the time measured on a fresh machine, setup
+# included, and its AP: docs/benchmarks.md, "The main job on a fresh machine").
 #
 #   bash scripts/main.sh                              # the full recipe of the config
 #   bash scripts/main.sh SOLVER.MAX_ITER 200          # KEY VALUE config overrides (training and demo)
@@ -28,7 +28,8 @@ NUM_DEMO=${NUM_DEMO:-8}
 start=$(date +%s)
 # OpenMP threads that sleep when idle instead of spinning: with the data-loading worker (and
 # anything else) sharing a small CPU, spinning threads wait on a preempted peer at every
-# parallel region; measured on a loaded 2-core machine, spinning made an iteration ~7x slower.
+# parallel region: on a loaded 2-core machine spinning made iterations several times slower
+# (docs/benchmarks.md, "Figures behind code choices").
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 
 if [ "${SKIP_SETUP:-0}" != 1 ]; then

@@ -17,7 +17,7 @@ fi
 # cityscapesscripts: the Cityscapes label table, polygon drawing and instance AP (the loader and
 # evaluator call its functions; nothing is downloaded).
 "$PYTHON" -m pip install cityscapesscripts
-# imgsim only for its weights file (a self-supervised ResNet-50: tools/transfer_demo.py and a
+# imgsim only for its weights file (a self-supervised ResNet-50: benchmarks/transfer_demo.py and a
 # checkpoint test); --no-deps, as it asks for opencv-python, which would clash with the headless build.
 "$PYTHON" -m pip install --no-deps imgsim
 "$PYTHON" -m pip install --no-build-isolation --use-pep517 -e .

@@ -1,6 +1,8 @@
-"""The package's import graph: every module imports in a fresh interpreter, and no module
-imports one that (directly or through others) imports it back. Circles work only by the luck of
-import order and break when someone imports a module first from elsewhere."""
+"""The package's import graph: every module imports in a fresh interpreter, no module imports one
+that (directly or through others) imports it back, and no part of the package imports a part of
+a higher layer. Circles work only by the luck of import order and break when someone imports a
+module first from elsewhere; an import running back up the layers is a circle waiting to happen
+and a part that can no longer be understood (or tested) without the ones above it."""
 import ast
 import json
 import os
@@ -80,6 +82,49 @@ def cycles(edges):
     return found
 
 
+# The package's layers, lowest first: a part (a subpackage of detcore) may import its own modules
+# and those of the parts in lower layers, never a part of its own layer or a higher one. A new
+# subpackage must be given its place here.
+LAYERS = [
+    ("config",),  # the keys, their defaults and allowed values: imports no other part
+    ("layers",),  # the compiled ops (detcore._C) and the model's building blocks
+    ("structures",),  # boxes, masks, keypoints, instances, image lists
+    ("utils",),  # registries, distributed helpers, logging, precision, drawing, the env report
+    ("data", "solver"),  # datasets, transforms, loaders; optimizers and LR schedules
+    ("modeling", "evaluation"),  # the models; the evaluators
+    ("checkpoint", "export"),  # other projects' weights and the model zoo; export of a built model
+    ("engine",),  # training, inference, the Predictor: everything together
+    ("cli",),  # the detcore command (``python -m detcore`` too): the user's jobs on top of all
+]
+
+
+def part_of(module):
+    """The subpackage a module belongs to: detcore.X... -> X. The package's own __init__
+    (``import detcore``) loads the compiled ops, so it counts as part of layers; its __main__
+    (``python -m detcore``) is the command line, part of cli."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "layers"
+    return "cli" if parts[1] == "__main__" else parts[1]
+
+
+def layer_violations(edges, layers, part=part_of):
+    """One sentence per import from a part to a part of the same or a higher layer, and per
+    part that has no layer."""
+    rank = {name: i for i, group in enumerate(layers) for name in group}
+    problems = sorted({f"{part(m)}/ (module {m}) has no layer: declare it in LAYERS"
+                       for m in edges if part(m) not in rank})
+    for importer, imported in sorted((a, b) for a, targets in edges.items() for b in targets):
+        a, b = part(importer), part(imported)
+        if a == b or a not in rank or b not in rank:
+            continue
+        if rank[b] >= rank[a]:
+            where = "the same layer as" if rank[b] == rank[a] else "a higher layer than"
+            problems.append(f"{importer} imports {imported}: {b}/ is in {where} {a}/ "
+                            f"(layer {rank[b]} vs {rank[a]} in LAYERS)")
+    return problems
+
+
 def test_every_module_imports_in_a_fresh_interpreter():
     names = [n for n in package_modules() if not n.startswith("detcore.csrc")]
     code = "import importlib, json, sys\n" f"for name in {names!r}:\n    importlib.import_module(name)\n" \
@@ -96,6 +141,29 @@ def test_no_module_imports_one_that_imports_it_back():
     assert "detcore.modeling.proposal_generator.rpn" in edges  # the graph is really built
     assert "detcore.modeling.proposal_generator.build" in edges["detcore.modeling.proposal_generator.rpn"]
     assert cycles(edges) == []
+
+
+def test_no_part_imports_one_of_its_own_or_a_higher_layer():
+    edges = import_edges(package_modules())
+    assert len({part_of(m) for m in edges}) == len([p for group in LAYERS for p in group])  # all parts seen
+    assert layer_violations(edges, LAYERS) == []
+
+
+def test_the_layer_check_names_both_modules_of_an_import_that_runs_up():
+    layers = [("low",), ("mid_a", "mid_b"), ("high",)]
+    edges = {
+        "pkg.low.x": ["pkg.high.y"],  # up two layers: wrong
+        "pkg.mid_a.x": ["pkg.low.x", "pkg.mid_b.x"],  # down: fine; sideways: wrong
+        "pkg.mid_b.x": [],
+        "pkg.high.y": ["pkg.mid_a.x", "pkg.high.z"],  # down, and within its own part: fine
+        "pkg.high.z": [],
+        "pkg.stray.w": [],
+    }
+    assert layer_violations(edges, layers) == [
+        "stray/ (module pkg.stray.w) has no layer: declare it in LAYERS",
+        "pkg.low.x imports pkg.high.y: high/ is in a higher layer than low/ (layer 2 vs 0 in LAYERS)",
+        "pkg.mid_a.x imports pkg.mid_b.x: mid_b/ is in the same layer as mid_a/ (layer 1 vs 1 in LAYERS)",
+    ]
 
 
 def test_the_cycle_finder_finds_a_circle_through_a_function_level_import(tmp_path):

@@ -15,51 +15,27 @@ it describes is built on the CPU and the output holds exactly what fits it, with
 key (mapped, missing, unexpected, shape mismatches, re-initialized predictors); without one every
 tensor is renamed. MODEL.WEIGHTS accepts the original files as well: converting first only saves
 the renaming at each start and lets you inspect the result.
+
+Installed, the same program is `detcore convert` (detcore/cli/convert.py).
 """
-import argparse
 import os
 import sys
 
 # Runnable from a checkout without installing: the repository root goes on the path.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+from detcore.cli import convert as _command  # noqa: E402
 
-from detcore.checkpoint import FORMATS, convert_state_dict, read_checkpoint  # noqa: E402
+# The program is detcore/cli/convert.py (also ``detcore convert``); this script runs it.
+build_cpu_model = _command.build_cpu_model
 
 
-def build_cpu_model(config_file, opts):
-    from detcore.config import get_cfg
-    from detcore.modeling import build_model
-
-    cfg = get_cfg()
-    cfg.merge_from_file(config_file)
-    cfg.merge_from_list(list(opts) + ["MODEL.DEVICE", "cpu", "MODEL.WEIGHTS", ""])
-    return build_model(cfg)
+def parse_args(argv=None):
+    return _command.parse_args(argv, description=__doc__.splitlines()[0])
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("input", help="checkpoint to convert (.pth, .pt, .pkl)")
-    parser.add_argument("output", help="where to write the detcore checkpoint (.pth)")
-    parser.add_argument("--config-file", default="", help="detcore config of the model the weights are for")
-    parser.add_argument("--format", default="auto", choices=("auto",) + FORMATS, help="checkpoint format")
-    parser.add_argument("--ungrouped", action="store_true", help="one table row per key")
-    parser.add_argument("opts", nargs="*", help="config overrides: KEY VALUE ...")
-    args = parser.parse_intermixed_args(argv)
-
-    state_dict, skipped = read_checkpoint(args.input)
-    model = build_cpu_model(args.config_file, args.opts) if args.config_file else None
-    converted, report = convert_state_dict(state_dict, model, format=args.format, source=args.input)
-    report.dropped.extend((k, f"skipped: {why}") for k, why in skipped)
-    print(report.table(group=not args.ungrouped))
-
-    out_dir = os.path.dirname(os.path.abspath(args.output))
-    os.makedirs(out_dir, exist_ok=True)
-    tensors = {k: v.detach().cpu().contiguous() for k, v in converted.items()}
-    torch.save({"model": tensors, "converted_from": {"path": args.input, "format": report.format}}, args.output)
-    print(f"wrote {len(tensors)} tensors to {args.output}")
-    return report
+    return _command.main(parse_args(argv))
 
 
 if __name__ == "__main__":

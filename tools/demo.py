@@ -4,84 +4,26 @@
     python tools/demo.py --config-file configs/e2e_mask_rcnn_R_18_FPN_shapes.yaml \
         --input imgs/ "more/*.jpg" one.png --output out/ MODEL.WEIGHTS model_final.pth
     python tools/demo.py --model torchvision/mask_rcnn_R_50_FPN --input photo.jpg --output out/
+
+Installed, the same program is `detcore demo` (detcore/cli/demo.py).
 """
-import argparse
 import os
-import re
 import sys
 
+# Runnable from a checkout without installing: the repository root goes on the path.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from detcore.engine import Predictor  # noqa: E402
-from detcore.engine.demo import collect_image_paths, demo_config, demo_metadata, visualize_images  # noqa: E402
-from detcore.utils.argtypes import integer, number  # noqa: E402
-from detcore.utils.logger import setup_logger  # noqa: E402
+from detcore.cli import demo as _command  # noqa: E402
+
+# The program is detcore/cli/demo.py (also ``detcore demo``); this script runs it.
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config-file", metavar="FILE", help="path to the yaml config (default: the --model's preset)")
-    parser.add_argument(
-        "--model", metavar="NAME",
-        help="a model zoo name (e.g. torchvision/mask_rcnn_R_50_FPN; python -m detcore.checkpoint lists "
-        "them): its weights, downloaded once, and its preset config unless --config-file is given",
-    )
-    parser.add_argument("--input", required=True, nargs="+", help="image files, folders or glob patterns")
-    parser.add_argument("--output", required=True, help="folder for the PNGs (created if missing)")
-    parser.add_argument(
-        "--confidence-threshold", type=number(0.0, 1.0), default=0.5, help="draw detections scoring at least this (0..1)"
-    )
-    parser.add_argument(
-        "--keypoint-threshold", type=number(), default=None,
-        help="draw predicted keypoints whose score (heatmap logit) is at least this (default: all)",
-    )
-    parser.add_argument("--max-images", type=integer(0), default=0, help="only the first N images (0: all)")
-    parser.add_argument(
-        "--picture-min-size", type=integer(0), default=480, metavar="PIXELS",
-        help="draw images whose short side is smaller enlarged by a whole factor to at least this, so that "
-        "labels do not cover small objects (default 480; 0: every image at its own size)",
-    )
-    parser.add_argument(
-        "--allow-random-weights", action="store_true",
-        help="draw the predictions of an untrained model when MODEL.WEIGHTS is empty (otherwise refused)",
-    )
-    parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE overrides; set MODEL.WEIGHTS")
-    args = parser.parse_args(argv)
-    # "--input a.png MODEL.WEIGHTS x.pth" (overrides right after the inputs): nargs="+" took
-    # the overrides as inputs; move everything from the first config key on back to opts.
-    for i, item in enumerate(args.input):
-        if _CONFIG_KEY.match(item) and not os.path.exists(item):
-            args.input, args.opts = args.input[:i], args.input[i:] + args.opts
-            break
-    if not args.input:
-        parser.error("--input needs at least one image file, folder or glob pattern")
-    if not args.config_file and not args.model:
-        parser.error("give --config-file FILE, --model NAME (a model zoo name), or both")
-    return args
+    return _command.parse_args(argv, description=__doc__.splitlines()[0])
 
 
-_CONFIG_KEY = re.compile(r"^[A-Z][A-Z0-9_]*(\.[A-Z0-9_]+)+$")
-
-
-def main():
-    args = parse_args()
-    setup_logger()
-    cfg = demo_config(args.config_file, args.model, args.opts)
-    cfg.freeze()
-    if not cfg.MODEL.WEIGHTS and not args.allow_random_weights:
-        raise SystemExit(
-            "demo: MODEL.WEIGHTS is empty, so the model would have random weights and draw noise. Give the "
-            "checkpoint (MODEL.WEIGHTS path/to/model_final.pth, or --model NAME), or add --allow-random-weights "
-            "if that is the intent."
-        )
-    paths = collect_image_paths(args.input)
-    if args.max_images > 0:
-        paths = paths[: args.max_images]
-    written = visualize_images(
-        Predictor(cfg), paths, args.output, score_threshold=args.confidence_threshold, min_size=args.picture_min_size,
-        keypoint_threshold=args.keypoint_threshold, **demo_metadata(cfg),
-    )
-    print(f"Wrote {len(written)} picture(s) to {os.path.abspath(args.output)}")
+def main(argv=None):
+    return _command.main(parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -17,94 +17,24 @@ its runtime, with the config and datasets recorded in its export.json (KEY VALUE
 DATASETS.TEST "('shapes_val',)"); results go to DIR/evaluation/ unless OUTPUT_DIR is given:
 
     python tools/test_net.py --exported exported/ --threads 2
+
+Installed, the same program is `detcore test` (detcore/cli/evaluate.py).
 """
-import argparse
 import os
 import sys
 
+# Runnable from a checkout without installing: the repository root goes on the path.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from detcore.config import get_cfg  # noqa: E402
-from detcore.data import dataset_folder_name  # noqa: E402
-from detcore.engine import DefaultTrainer, default_setup, format_results, launch, load_model_weights  # noqa: E402
-from detcore.modeling import ProposalNetwork  # noqa: E402
-from detcore.utils import comm  # noqa: E402
+from detcore.cli import evaluate as _command  # noqa: E402
+from detcore.engine import launch  # noqa: E402
+
+# The program is detcore/cli/evaluate.py (also ``detcore test``); this script runs it.
+main = _command.main
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config-file", metavar="FILE", help="path to the yaml config (not with --exported)")
-    parser.add_argument(
-        "--proposal-recall", action="store_true",
-        help="also report the proposal recall (AR@100/AR@1000) of a two-stage model's RPN",
-    )
-    parser.add_argument(
-        "--exported", metavar="DIR",
-        help="evaluate the export in DIR (TorchScript, .pt2, ONNX or OpenVINO) with its export.json's config",
-    )
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads of the export's runtime (--exported)")
-    parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE overrides; set MODEL.WEIGHTS")
-    return parser.parse_args(argv)
-
-
-def main(args):
-    if args.exported or not args.config_file:
-        return _test_exported(args)
-    cfg = get_cfg()
-    cfg.merge_from_file(args.config_file)
-    cfg.merge_from_list(args.opts)
-    cfg.freeze()
-    if not cfg.MODEL.WEIGHTS:
-        raise SystemExit("test_net: give the checkpoint to evaluate as MODEL.WEIGHTS path/to/model.pth")
-    default_setup(cfg, args)
-    model = DefaultTrainer.build_model(cfg)
-    load_model_weights(model, cfg.MODEL.WEIGHTS, all_ranks=True)
-    results = DefaultTrainer.test(cfg, model)
-    if args.proposal_recall and not isinstance(comm.unwrap_model(model), ProposalNetwork):
-        results = _merge(results, _rpn_recall(cfg, model), len(cfg.DATASETS.TEST))
-    if comm.is_main_process():
-        print(format_results(results if len(cfg.DATASETS.TEST) == 1 else {
-            f"{name}/{task}": m for name, r in results.items() for task, m in r.items()
-        }))
-    return results
-
-
-def _test_exported(args):
-    """The AP of an exported artefact, run by its own runtime (detcore/export/exported_detector.py)."""
-    from detcore.export import ExportedDetector, exported_config, load_exported
-
-    if not args.exported or args.config_file or args.proposal_recall:
-        raise SystemExit("test_net: give --config-file (a checkpoint's config), or --exported DIR alone (the "
-                         "export's config is in its export.json; --proposal-recall needs the model's RPN)")
-    runner = load_exported(args.exported, args.threads)
-    cfg = exported_config(runner.metadata, args.exported, args.opts)
-    default_setup(cfg, args)
-    results = DefaultTrainer.test(cfg, ExportedDetector(runner))
-    if comm.is_main_process():
-        print(format_results(results if len(cfg.DATASETS.TEST) == 1 else {
-            f"{name}/{task}": m for name, r in results.items() for task, m in r.items()
-        }))
-    return results
-
-
-def _rpn_recall(cfg, model):
-    """The recall of the model's proposals: its backbone and RPN run as a ProposalNetwork."""
-    rpn = ProposalNetwork.from_detector(comm.unwrap_model(model))
-    evaluators = [
-        DefaultTrainer.build_evaluator(
-            cfg, name, os.path.join(cfg.OUTPUT_DIR, "inference", f"{dataset_folder_name(name)}_proposals"),
-            tasks=("box_proposals",),
-        )
-        for name in cfg.DATASETS.TEST
-    ]
-    return DefaultTrainer.test(cfg, rpn, evaluators)
-
-
-def _merge(results, recall, num_datasets):
-    """Add the recall task to each dataset's results (``test`` nests by dataset only for several)."""
-    if num_datasets == 1:
-        return {**results, **recall}
-    return {name: {**results[name], **recall[name]} for name in results}
+    return _command.parse_args(argv, description=__doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

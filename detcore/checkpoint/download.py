@@ -38,7 +38,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional
 
-from detcore.data.datasets.generated import get_cache_dir
+from detcore.utils.cache import get_cache_dir
 
 from .catalog import Checksum
 

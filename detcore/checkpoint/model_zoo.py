@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from detcore.config import get_cfg
+from detcore.config.presets import config_roots
 from detcore.utils import comm
 
 from .catalog import CATALOG, Checksum, ZooEntry
@@ -213,8 +214,7 @@ def resolve_weights(spec: str, *, all_ranks: bool = False, progress: bool = True
 # --- presets and class names ------------------------------------------------------------------------
 def _config_roots() -> List[Path]:
     """Folders the presets may be in: inside the installed package, then the source tree's configs/."""
-    package = Path(__file__).resolve().parents[1]
-    return [package / "configs", package.parent / "configs"]
+    return config_roots()
 
 
 def get_config_file(name: str) -> str:

@@ -21,6 +21,7 @@ import yaml
 from yacs.config import CfgNode as _YacsCfgNode
 
 from .choices import find_problems
+from .presets import resolve_config_file
 
 BASE_KEY = "_BASE_"
 
@@ -50,8 +51,10 @@ class CfgNode(_YacsCfgNode):
     # --- merging -------------------------------------------------------------------------
 
     def merge_from_file(self, cfg_filename):
-        """Merge a yaml file, after the `_BASE_` chain it names (base first)."""
-        chain = _load_base_chain(os.fspath(cfg_filename))
+        """Merge a yaml file, after the `_BASE_` chain it names (base first). A name that is no
+        file may name a preset: "torchvision/mask_rcnn_R_50_FPN.yaml" (config/presets.py)."""
+        cfg_filename = resolve_config_file(cfg_filename)
+        chain = _load_base_chain(cfg_filename)
 
         def merge(work):
             for path, data in chain:

@@ -37,9 +37,8 @@ _C.MODEL.KEYPOINT_ON = False
 _C.MODEL.PIXEL_MEAN = [103.530, 116.280, 123.675]
 _C.MODEL.PIXEL_STD = [57.375, 57.120, 58.395]
 # Keep images, feature maps and conv weights in channels-last (NHWC) memory layout: oneDNN's
-# CPU convolutions then skip converting layouts around every conv (measured on a 2-core CPU,
-# R-50-FPN at 800x1333: inference 1.26x, train step 1.16x faster than NCHW; docs/benchmarks.md),
-# and GPU tensor cores prefer it too. Same results up to float rounding.
+# CPU convolutions then skip converting layouts around every conv (faster inference and training
+# than NCHW: docs/benchmarks.md, "Figures behind code choices"), and GPU tensor cores prefer it too. Same results up to float rounding.
 _C.MODEL.CHANNELS_LAST = True
 # Reproduce Detectron's and maskrcnn-benchmark's "+1" pixel convention, for their weights: a box
 # [x1, x2] there covers x2 - x1 + 1 pixels (detcore's box is [x1, x2 + 1]). Box coding, IoU and NMS

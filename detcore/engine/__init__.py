@@ -1,5 +1,5 @@
 """Training and evaluation engine: trainer and hooks, checkpoints, metrics, inference loop."""
-from .checkpoint import (
+from .checkpointer import (
     LAST_CHECKPOINT_FILE,
     Checkpointer,
     LoadReport,

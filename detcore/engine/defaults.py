@@ -1,18 +1,21 @@
-"""The standard training setup: command-line arguments, run setup, and ``DefaultTrainer``.
+"""The standard training setup: run setup, launch, and ``DefaultTrainer``.
 
-``tools/train_net.py`` is essentially::
+``detcore train`` (detcore/cli/train.py, also ``tools/train_net.py``) is essentially::
 
-    args = default_argument_parser().parse_args()
+    args = default_argument_parser().parse_args()     # arguments.py
     launch(main, args)            # main: cfg = setup(args); DefaultTrainer(cfg) ... train()
 
 ``default_setup`` joins the process group when started by torchrun, so the same command runs
-on one process or many (``torchrun --nproc_per_node N tools/train_net.py ...``).
+on one process or many (``torchrun --nproc_per_node N tools/train_net.py ...``, or
+``--num-gpus N``, which has ``launch`` start torchrun).
 """
 import argparse
 import inspect
 import logging
 import os
 import random
+import subprocess
+import sys
 from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -21,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from detcore.config import resolve_config_file
 from detcore.data import MetadataCatalog, build_detection_test_loader, build_detection_train_loader, dataset_folder_name
 from detcore.data.samplers import TrainingBatchSampler
 from detcore.evaluation import (
@@ -38,7 +42,8 @@ from detcore.utils.logger import setup_logger
 from detcore.utils.registry import build_from_config
 
 from . import hooks
-from .checkpoint import Checkpointer
+from .arguments import default_argument_parser, torchrun_command, wants_torchrun
+from .checkpointer import Checkpointer
 from .dataset_classes import check_dataset_classes
 from .divergence import DivergenceGuard
 from .events import CommonMetricPrinter, JSONWriter, TensorboardWriter
@@ -61,34 +66,6 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.json"
 LOSS_CURVE_FILE = "loss_curves.png"
-
-
-def default_argument_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=description or "detcore training / evaluation",
-        epilog=(
-            "Distributed: torchrun --nproc_per_node N tools/train_net.py --config-file X ...\n"
-            "(multi-node: add torchrun's --nnodes / --node_rank / --master_addr / --master_port)"
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--config-file", required=True, metavar="FILE", help="path to the yaml config")
-    run = parser.add_mutually_exclusive_group()  # each says what to do with a previous run's folder
-    run.add_argument(
-        "--resume", action="store_true",
-        help="continue from OUTPUT_DIR/last_checkpoint (model, optimizer, schedule, iteration, RNG)",
-    )
-    run.add_argument(
-        "--start-over", action="store_true",
-        help="train from scratch into an OUTPUT_DIR that holds a previous run (its files are moved into a "
-        "replaced_<time> subfolder); without it, such a folder is refused unless --resume",
-    )
-    parser.add_argument("--eval-only", action="store_true", help="only evaluate MODEL.WEIGHTS (or the last checkpoint with --resume)")
-    parser.add_argument(
-        "opts", nargs=argparse.REMAINDER, default=[],
-        help="config overrides as KEY VALUE pairs, e.g. SOLVER.MAX_ITER 100 OUTPUT_DIR out/",
-    )
-    return parser
 
 
 def seed_all_rng(seed: Optional[int] = None) -> int:
@@ -135,7 +112,7 @@ def default_setup(cfg, args: Optional[argparse.Namespace] = None) -> None:
     if args is not None:
         logger.info("Command line arguments: %s", args)
         if getattr(args, "config_file", None):
-            with open(args.config_file) as f:
+            with open(resolve_config_file(args.config_file)) as f:
                 logger.info("Contents of %s:\n%s", args.config_file, f.read())
     logger.info("Full config:\n%s", cfg.dump())
     if comm.is_main_process() and output_dir and not evaluation:
@@ -151,7 +128,16 @@ def default_setup(cfg, args: Optional[argparse.Namespace] = None) -> None:
 def launch(main_func: Callable[..., Any], *args: Any) -> Any:
     """Run ``main_func(*args)`` and leave the process group (if it joined one) afterwards.
 
-    Processes are started by torchrun, not here; ``default_setup`` joins the group."""
+    Processes are started by torchrun; ``default_setup`` joins the group. When the first argument
+    is a parsed command line asking for more processes than this one (``--num-gpus 2``) and
+    torchrun has not started it, the same command runs again under torchrun (arguments.py), and
+    this process exits with its status."""
+    if args and isinstance(args[0], argparse.Namespace) and wants_torchrun(args[0]):
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = spec.name[: -len(".__main__")] if spec is not None and spec.name.endswith(".__main__") else None
+        cmd = torchrun_command(args[0], sys.argv, module or (spec.name if spec is not None else None))
+        print(f"Starting the processes: {' '.join(cmd)}", file=sys.stderr, flush=True)  # no logger is set up yet
+        raise SystemExit(subprocess.call(cmd))
     try:
         return main_func(*args)
     finally:

@@ -106,7 +106,7 @@ class DivergenceGuard:
         if not params:
             return
         # A NaN or inf anywhere makes its tensor's sum non-finite. One reduction per tensor and
-        # one sync: ~2 ms for a ResNet-18 Mask R-CNN on 2 CPU cores, where a max-abs norm took ~19.
+        # one sync, several times cheaper than a max-abs norm (docs/benchmarks.md).
         # (A finite sum overflows only past 3e38, far beyond any gradient training survives.)
         sums = torch.stack([p.grad.sum(dtype=torch.float32) for p in params])
         if bool(torch.isfinite(sums).all()):

@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from detcore.utils import comm
 
-from .checkpoint import Checkpointer
+from .checkpointer import Checkpointer
 from .events import EventWriter, JSONWriter
 from .train_loop import HookBase, TrainingDiverged
 

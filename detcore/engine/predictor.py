@@ -22,7 +22,7 @@ from detcore.utils.registry import build_from_config
 from detcore.config.choices import IMAGE_FORMATS
 from detcore.utils.precision import check_precision, inference_autocast
 
-from .checkpoint import LoadReport, load_model_weights
+from .checkpointer import LoadReport, load_model_weights
 
 __all__ = ["Predictor"]
 

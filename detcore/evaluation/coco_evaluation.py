@@ -31,7 +31,7 @@ import torch
 from detcore.data.datasets.annotation_checks import filter_coco_dataset
 from detcore.data.datasets.coco_conversion import annotation_area, convert_to_coco_json
 from detcore.data.datasets.keypoint_meta import keypoint_metadata_from_categories
-from detcore.data.datasets.shapes import get_cache_dir
+from detcore.utils.cache import get_cache_dir
 from detcore.structures import Boxes, Instances
 from detcore.utils import strict_json
 

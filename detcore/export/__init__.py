@@ -9,8 +9,9 @@ current exporter (dynamo=True) use ``export_onnx`` or pass ``onnx_translation_ta
 """
 from .exported_detector import ExportedDetector, exported_config
 from .input_checks import InputContract, input_contracts
-from .model_export import FORMATS, check_export_request, export_model, program_to_onnx, trace_detector
+from .model_export import FORMATS, INPUT_CONTRACTS, check_export_request, export_model, program_to_onnx, trace_detector
 from .onnx_ops import OPSET, export_onnx, onnx_translation_table, register_onnx_symbolics, split_roi_pool
+from .raw_image import RawImageIO, resized_size
 from .runners import ExportedRunner, load_exported, read_export_metadata
 from .torchscript import script_exported_program
 from .wrapper import ExportableDetector, decode_keypoints, paste_masks, resize_for_model
@@ -22,6 +23,7 @@ __all__ = [
     "ExportedDetector",
     "ExportedRunner",
     "FORMATS",
+    "INPUT_CONTRACTS",
     "InputContract",
     "OPSET",
     "check_export_request",
@@ -34,9 +36,11 @@ __all__ = [
     "onnx_translation_table",
     "paste_masks",
     "program_to_onnx",
+    "RawImageIO",
     "read_export_metadata",
     "register_onnx_symbolics",
     "resize_for_model",
+    "resized_size",
     "script_exported_program",
     "split_roi_pool",
     "trace_detector",

@@ -10,8 +10,10 @@ pasted with export.json's threshold, paste mode and legacy +1, keypoints decoded
 
 ``exported_config`` is the config of an evaluation: the one recorded in export.json, with what the
 graph fixes imposed (float32 around the runtime, no test-time augmentation, OpenCV's uint8 resize
-that export.json's ``resize_before`` asks of the deploy side), then the command line's overrides
-(DATASETS.TEST, OUTPUT_DIR ...).
+that export.json's ``resize_before`` asks of the deploy side; for a graph that takes the raw image,
+export.json's ``input.contract`` "raw_image", no resize in the loader: INPUT.MIN_SIZE_TEST 0, the
+detections come out in the image's pixels and the postprocessing's rescale is the identity), then
+the command line's overrides (DATASETS.TEST, OUTPUT_DIR ...).
 """
 import logging
 import os
@@ -100,11 +102,14 @@ def exported_config(metadata: dict, folder: str, opts: Sequence = ()):
     cfg.merge_from_other_cfg(yaml.safe_load(metadata["config"]))
     cfg.merge_from_list(["OUTPUT_DIR", os.path.join(folder, "evaluation")])
     cfg.merge_from_list(list(opts))
-    changed = [key for key, value in zip(_IMPOSED[::2], _IMPOSED[1::2]) if _get(cfg, key) != value]
+    imposed = list(_IMPOSED)
+    if metadata["input"].get("contract") == "raw_image":
+        imposed += ["INPUT.MIN_SIZE_TEST", 0]  # the graph resizes: the loader hands over the images as they are
+    changed = [key for key, value in zip(imposed[::2], imposed[1::2]) if _get(cfg, key) != value]
     if changed:
         logger.info("Evaluating the export with %s as the exported graph runs it", ", ".join(
-            f"{key} {value}" for key, value in zip(_IMPOSED[::2], _IMPOSED[1::2]) if key in changed))
-    cfg.merge_from_list(_IMPOSED)
+            f"{key} {value}" for key, value in zip(imposed[::2], imposed[1::2]) if key in changed))
+    cfg.merge_from_list(imposed)
     cfg.freeze()
     return cfg
 

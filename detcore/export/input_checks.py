@@ -89,8 +89,6 @@ def input_contracts(program: torch.export.ExportedProgram) -> List[InputContract
 def add_onnx_input_checks(model, contracts: List[InputContract]) -> None:
     """Make the ONNX model (an ``onnx_ir.Model``, as ``torch.onnx.export`` gives it in
     ``ONNXProgram.model``) fail its run when an input's sizes are out of the contract's bounds."""
-    import onnx_ir as ir
-
     graph = model.graph
     inputs = {value.name: value for value in graph.inputs}
     added = []
@@ -99,34 +97,50 @@ def add_onnx_input_checks(model, contracts: List[InputContract]) -> None:
             continue  # nothing the declared input does not say already
         image = inputs[contract.name]
         uses = list(image.uses())
-        lows = [low for low, _ in contract.bounds]
-        highs = [torch.iinfo(torch.int64).max if high is None else high for _, high in contract.bounds]
-        name = f"{contract.name}_input_check"
-
-        def node(op_type, inputs, suffix, **attributes):
-            made = ir.node(op_type, inputs, attributes=attributes, name=f"{name}_{suffix}")
-            made.outputs[0].name = f"{name}_{suffix}"
-            added.append(made)
-            return made.outputs[0]
-
-        def constant(values, suffix):
-            return node("Constant", [], suffix, value=ir.tensor(values, dtype=ir.DataType.INT64))
-
-        shape = node("Shape", [image], "shape")
-        within = node(
-            "And", [node("GreaterOrEqual", [shape, constant(lows, "lows")], "above"),
-                    node("LessOrEqual", [shape, constant(highs, "highs")], "below")], "within",
+        nodes, checked = onnx_size_check(
+            image, None, [low for low, _ in contract.bounds], [high for _, high in contract.bounds],
+            contract.describe(), f"{contract.name}_input_check",
         )
-        all_within = node(
-            "Cast", [node("ReduceMin", [node("Cast", [within], "as_int", to=ir.DataType.INT64)], "all", keepdims=0)],
-            "ok", to=ir.DataType.BOOL,
-        )
-        # -2 is no size, so Reshape refuses it; the node's name is what onnxruntime's error shows.
-        target = node("Where", [all_within, shape, constant([-2] * len(lows), "refused")], "target")
-        check = ir.node("Reshape", [image, target], name=f"input check: {contract.describe()}")
-        check.outputs[0].name = f"{contract.name}_checked"
-        added.append(check)
+        added += nodes
         for user, index in uses:
-            user.replace_input_with(index, check.outputs[0])
+            user.replace_input_with(index, checked)
     if added:
         graph.insert_before(graph.node(0), added)
+
+
+def onnx_size_check(value, sizes, lows, highs, description: str, name: str):
+    """ONNX nodes (the first result) passing ``value`` on unchanged (the second) when each of
+    ``sizes`` (a 1-D int64 ONNX value; None: ``value``'s shape) is within ``lows`` / ``highs``
+    (None: no upper bound), and failing the run otherwise, at a Reshape node named
+    ``input check: {description}``."""
+    import onnx_ir as ir
+
+    added = []
+    highs = [torch.iinfo(torch.int64).max if high is None else high for high in highs]
+
+    def node(op_type, inputs, suffix, **attributes):
+        made = ir.node(op_type, inputs, attributes=attributes, name=f"{name}_{suffix}")
+        made.outputs[0].name = f"{name}_{suffix}"
+        added.append(made)
+        return made.outputs[0]
+
+    def constant(values, suffix):
+        return node("Constant", [], suffix, value=ir.tensor(values, dtype=ir.DataType.INT64))
+
+    shape = node("Shape", [value], "shape")
+    sizes = shape if sizes is None else sizes
+    within = node(
+        "And", [node("GreaterOrEqual", [sizes, constant(list(lows), "lows")], "above"),
+                node("LessOrEqual", [sizes, constant(highs, "highs")], "below")], "within",
+    )
+    all_within = node(
+        "Cast", [node("ReduceMin", [node("Cast", [within], "as_int", to=ir.DataType.INT64)], "all", keepdims=0)],
+        "ok", to=ir.DataType.BOOL,
+    )
+    # -2 is no size, so Reshape refuses it; the node's name is what onnxruntime's error shows.
+    refused = node("Sub", [node("Mul", [shape, constant([0], "zero")], "zeros"), constant([2], "two")], "refused")
+    target = node("Where", [all_within, shape, refused], "target")
+    check = ir.node("Reshape", [value, target], name=f"input check: {description}")
+    check.outputs[0].name = f"{name}_checked"
+    added.append(check)
+    return added, check.outputs[0]

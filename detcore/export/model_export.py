@@ -9,6 +9,11 @@ from the same ExportedProgram: TorchScript prints its graph (torchscript.py), ON
 with detcore's ops as NonMaxSuppression / RoiAlign (onnx_ops.py); OpenVINO converts that ONNX
 graph (openvino_format.py).
 
+The input contract (export.json's ``input.contract``): "resized_image", the graph takes images
+already resized as export.json's ``resize_before`` says and gives detections in their pixels; or
+"raw_image" (ONNX and OpenVINO), the resize and the mapping of the boxes back to the input's pixels
+are put around the traced graph (raw_image.py), so a deploy side needs only the runtime and numpy.
+
 TEST.PRECISION bfloat16 exports the graph autocast makes: bfloat16 convolutions and matrix
 products, float32 where the model keeps float32, the weights stored in float32 and cast in the
 graph (as autocast does in every eager call), float32 outputs. ExportedProgram and TorchScript
@@ -36,12 +41,16 @@ from .input_checks import add_onnx_input_checks, input_contracts
 from .onnx_ops import OPSET, onnx_translation_table, split_roi_pool
 from .openvino_format import import_openvino, onnx_to_openvino, openvino_version
 from . import quantize as int8_quantization
+from .raw_image import RawImageIO, add_onnx_raw_image_io, describe_resize
 from .torchscript import script_exported_program
 from .wrapper import ExportableDetector
 
-__all__ = ["FORMATS", "check_export_request", "export_model", "program_to_onnx", "trace_detector"]
+__all__ = ["FORMATS", "INPUT_CONTRACTS", "check_export_request", "export_model", "program_to_onnx", "trace_detector"]
 
 FORMATS = ("torchscript", "exported_program", "onnx", "openvino")
+# What the graph takes: the image at the model's resolution (the caller resizes and maps the boxes
+# back), or the raw image (the graph does both; raw_image.py).
+INPUT_CONTRACTS = ("resized_image", "raw_image")
 _HOW_TO_LOAD = {
     "torchscript": "import detcore (registers its ops), then torch.jit.load(file)",
     "exported_program": "import detcore (registers its ops), then torch.export.load(file).module()",
@@ -90,16 +99,26 @@ def trace_detector(detector: ExportableDetector, image: torch.Tensor) -> torch.e
     return program
 
 
-def program_to_onnx(program: torch.export.ExportedProgram, args: tuple, output_names: Optional[Sequence[str]] = None):
+def program_to_onnx(
+    program: torch.export.ExportedProgram, args: tuple, output_names: Optional[Sequence[str]] = None,
+    raw_image: Optional[RawImageIO] = None,
+):
     """The ExportedProgram as a ``torch.onnx.ONNXProgram`` (``.save(path)`` writes it): detcore's
     ops in standard ONNX, inputs named as the program names them, and the program's input rule
-    checked in the graph (a run with an image below the smallest side fails; input_checks.py)."""
+    checked in the graph (a run with an image below the smallest side fails; input_checks.py).
+
+    ``raw_image`` (``RawImageIO.of(detector, cfg)``): the graph then takes the raw image, resizes it
+    itself and gives detections in its pixels (raw_image.py); its rule (the resized image's
+    smallest side) replaces the program's."""
     onnx_program = torch.onnx.export(
         split_roi_pool(program), args, dynamo=True, opset_version=OPSET,
         custom_translation_table=onnx_translation_table(), input_names=list(program.graph_signature.user_inputs),
         output_names=list(output_names) if output_names is not None else None, verbose=False,
     )
-    add_onnx_input_checks(onnx_program.model, input_contracts(program))
+    if raw_image is None:
+        add_onnx_input_checks(onnx_program.model, input_contracts(program))
+    else:
+        add_onnx_raw_image_io(onnx_program.model, raw_image)
     return onnx_program
 
 
@@ -167,16 +186,29 @@ def _write_openvino_atomically(onnx_program, xml_path: str, transform=None) -> N
 
 
 def check_export_request(
-    cfg, fmt: str, output_dir: str, overwrite: bool = False, int8: bool = False,
-    calibration_dataset: Optional[str] = None, calibration_images: int = 100,
+    cfg, fmt: str, output_dir: str, overwrite: bool = False, input_contract: str = "resized_image",
+    int8: bool = False, calibration_dataset: Optional[str] = None, calibration_images: int = 100,
 ) -> None:
     """What ``export_model`` refuses before tracing, checked on its own (tools/export_model.py
     calls it before building the model): the format, a precision or TEST.AUG setting the graph
-    cannot hold, an int8 request a format or the installed packages cannot serve (quantize.py), a
-    folder that already holds an export (unless ``overwrite``) or cannot be written to. Creates
-    ``output_dir`` if missing."""
+    cannot hold, an input contract the format or model cannot have, an int8 request a format or the
+    installed packages cannot serve (quantize.py), a folder that already holds an
+    export (unless ``overwrite``) or cannot be written to. Creates ``output_dir`` if missing."""
     if fmt not in FORMATS:
         raise ValueError(f"export_model: format must be one of {FORMATS}, got {fmt!r}")
+    if input_contract not in INPUT_CONTRACTS:
+        raise ValueError(f"export_model: input_contract must be one of {INPUT_CONTRACTS}, got {input_contract!r}")
+    if input_contract == "raw_image" and int(cfg.INPUT.MIN_SIZE_TEST) > 0:
+        if fmt not in ("onnx", "openvino"):
+            # torch.export would carry the resize's size rule through every shape of the network
+            # (tracing ten times slower); ONNX gets the resize put around the traced graph.
+            raise ValueError(
+                f"export_model: the raw_image input contract is available for --format onnx and openvino, not {fmt}; "
+                "export with input_contract 'resized_image' (tools/export_model.py --input-contract resized_image) "
+                "and resize with detcore.export.resize_for_model"
+            )
+        if cfg.MODEL.KEYPOINT_ON:
+            raise ValueError(f"export_model: {RawImageIO.KEYPOINTS_REFUSED}")
     if int8:
         int8_quantization.check_int8_request(fmt, calibration_dataset, calibration_images)
     if fmt == "openvino":
@@ -212,6 +244,7 @@ def check_export_request(
 def export_model(
     cfg, model, fmt: str, output_dir: str, sample_image: Optional[torch.Tensor] = None,
     input_layout: str = "CHW", class_names=None, batch_size: Optional[int] = None, overwrite: bool = False,
+    input_contract: str = "resized_image",
     int8: bool = False, calibration_dataset: Optional[str] = None, calibration_images: int = 100,
 ) -> Dict[str, str]:
     """Writes ``output_dir/model.ts``, ``model.pt2``, ``model.onnx`` or ``model.xml`` (+ ``model.bin``)
@@ -228,6 +261,10 @@ def export_model(
             at once (the sample image is repeated to trace it).
         overwrite: replace the model file and export.json of an earlier export in ``output_dir``
             (refused otherwise); other files there are left as they are.
+        input_contract: "resized_image": the graph takes images already resized as export.json's
+            ``resize_before`` says and gives detections in their pixels; "raw_image" (ONNX and
+            OpenVINO): the graph takes the image as it is, resizes it itself and gives detections
+            in its pixels (raw_image.py). The sample image is at the model's resolution either way.
         int8: quantize the ONNX or OpenVINO export to int8 (quantize.py), calibrated on the first
             ``calibration_images`` images of the registered dataset ``calibration_dataset``.
 
@@ -242,10 +279,17 @@ def export_model(
         detector.check_input(image)
     except (ValueError, RuntimeError) as e:  # torch._check raises RuntimeError
         raise ValueError(f"export_model: sample_image does not fit the graph: {e}") from None
-    check_export_request(cfg, fmt, output_dir, overwrite, int8, calibration_dataset, calibration_images)
+    check_export_request(
+        cfg, fmt, output_dir, overwrite, input_contract, int8, calibration_dataset, calibration_images
+    )
+    raw_image = None
+    if input_contract == "raw_image" and int(cfg.INPUT.MIN_SIZE_TEST) > 0:  # else the model takes it as it is
+        raw_image = RawImageIO.of(detector, cfg)
     int8_entry, quantize = None, None
     if int8:
-        int8_entry, quantize = _int8_plan(cfg, model, fmt, detector, calibration_dataset, calibration_images)
+        int8_entry, quantize = _int8_plan(
+            cfg, model, fmt, detector, calibration_dataset, calibration_images, resized=raw_image is None
+        )
     program = trace_detector(detector, image.to(detector.model.device))
     path = os.path.join(output_dir, _FILE_NAMES[fmt])
     if fmt == "exported_program":
@@ -254,13 +298,13 @@ def export_model(
         scripted = script_exported_program(program)
         _write_atomically(path, lambda temporary: torch.jit.save(scripted, temporary))
     elif fmt == "onnx":
-        onnx_program = program_to_onnx(program, (image,), detector.output_names)
+        onnx_program = program_to_onnx(program, (image,), detector.output_names, raw_image)
         _write_atomically(path, quantize(onnx_program) if quantize else onnx_program.save)
     else:
-        onnx_program = program_to_onnx(program, (image,), detector.output_names)
+        onnx_program = program_to_onnx(program, (image,), detector.output_names, raw_image)
         _write_openvino_atomically(onnx_program, path, quantize(onnx_program) if quantize else None)
     metadata_path = os.path.join(output_dir, "export.json")
-    metadata = _metadata(cfg, detector, fmt, os.path.basename(path), class_names)
+    metadata = _metadata(cfg, detector, fmt, os.path.basename(path), class_names, input_contract)
     metadata["int8"] = int8_entry
     if int8:
         metadata["versions"].update(int8_quantization.quantizer_versions(fmt))
@@ -274,13 +318,15 @@ def export_model(
     return {"model": path, "metadata": metadata_path}
 
 
-def _int8_plan(cfg, model, fmt, detector, calibration_dataset, calibration_images):
+def _int8_plan(cfg, model, fmt, detector, calibration_dataset, calibration_images, resized=True):
     """export.json's ``int8`` entry and the step that quantizes the written graph: for ONNX a
     writer of the int8 file from the float ONNXProgram, for OpenVINO a transform of the ov.Model.
-    Warns where this CPU would emulate int8."""
+    Warns where this CPU would emulate int8. ``resized``: the graph takes resized images (the
+    raw_image contract's graph resizes them itself)."""
     int8_quantization.warn_if_int8_emulated()
     inputs = int8_quantization.calibration_inputs(
-        cfg, calibration_dataset, calibration_images, detector.input_layout, detector.batch_size, detector.min_side
+        cfg, calibration_dataset, calibration_images, detector.input_layout, detector.batch_size, detector.min_side,
+        resize=resized,
     )
     keep_float = int8_quantization.float_layers(model)
     entry = int8_quantization.int8_metadata(fmt, calibration_dataset, len(inputs), calibration_images, keep_float)
@@ -310,8 +356,29 @@ def _score_threshold(cfg) -> float:
     return cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST
 
 
-def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class_names) -> dict:
+def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class_names, input_contract: str) -> dict:
     min_size, max_size = int(cfg.INPUT.MIN_SIZE_TEST), int(cfg.INPUT.MAX_SIZE_TEST)
+    opencv_note = (
+        f" (OpenCV's uint8 resize: the config's INPUT.RESIZE_MODE '{cfg.INPUT.RESIZE_MODE}' is not reproduced for the "
+        "graph's uint8 input)" if min_size > 0 and cfg.INPUT.RESIZE_MODE != "opencv" else ""
+    )
+    if input_contract == "raw_image":
+        size = (
+            f"any height and width whose resize leaves at least {detector.min_side} px on each side (a sides' ratio "
+            f"up to about {max_size / detector.min_side:.0f})" if min_size > 0
+            else f"any height and width of at least {detector.min_side} px"
+        )
+        resize_before = "none: the image as it is"
+        resize_in_graph = (describe_resize(min_size, max_size) + opencv_note) if min_size > 0 else "none"
+        pixels = "the input image's pixels (boxes mapped back from the model's resolution, clipped, empty ones dropped)"
+    else:
+        size = f"any height and width of at least {detector.min_side} px"
+        resize_before = (
+            f"shortest edge to {min_size}, longest at most {max_size} (detcore.export.resize_for_model); "
+            "boxes come out in the pixels of the image given" if min_size > 0 else "none"
+        ) + opencv_note
+        resize_in_graph = "none"
+        pixels = "the pixels of the image given (the resized image: scale them back to the original)"
     return {
         "format": fmt,
         "file": file_name,
@@ -321,23 +388,17 @@ def _metadata(cfg, detector: ExportableDetector, fmt: str, file_name: str, class
             "layout": detector.input_layout,
             "shape": detector.input_shape,
             "channel_order": cfg.INPUT.FORMAT,
-            "size": f"any height and width of at least {detector.min_side} px",
+            "contract": input_contract,
+            "size": size,
             "min_side": detector.min_side,
             "max_side": None,
             "checked": _INPUT_CHECKS[fmt],
-            "resize_before": (
-                f"shortest edge to {min_size}, longest at most {max_size} (detcore.export.resize_for_model); "
-                "boxes come out in the pixels of the image given" if min_size > 0 else "none"
-            )
-            + (
-                f" (OpenCV's uint8 resize: the config's INPUT.RESIZE_MODE '{cfg.INPUT.RESIZE_MODE}' is not "
-                "reproduced for the graph's uint8 input)"
-                if min_size > 0 and cfg.INPUT.RESIZE_MODE != "opencv"
-                else ""
-            ),
+            "resize_before": resize_before,
+            "resize_in_graph": resize_in_graph,
             "min_size_test": min_size,
             "max_size_test": max_size,
         },
+        "boxes_in": pixels,
         "precision": detector.precision,
         "outputs": list(detector.output_names),
         "load": _HOW_TO_LOAD[fmt],

@@ -100,11 +100,13 @@ def _import_nncf():
 
 
 def calibration_inputs(
-    cfg, dataset_name: str, num_images: int, input_layout: str, batch_size: Optional[int], min_side: int
+    cfg, dataset_name: str, num_images: int, input_layout: str, batch_size: Optional[int], min_side: int,
+    resize: bool = True,
 ) -> List[np.ndarray]:
     """The first ``num_images`` images of ``dataset_name`` as the exported graph takes them
     (uint8, INPUT.FORMAT channel order, resized as export.json's ``resize_before`` says, in
-    ``input_layout``; a batched graph gets each image repeated ``batch_size`` times). Images
+    ``input_layout``; a batched graph gets each image repeated ``batch_size`` times; ``resize``
+    False for a graph that resizes the image itself, the raw_image contract). Images
     smaller than the graph's smallest side after resizing are skipped, as the graph refuses them."""
     from detcore.data import DatasetCatalog
     from detcore.data.detection_utils import read_image
@@ -117,7 +119,7 @@ def calibration_inputs(
         if len(inputs) == num_images:
             break
         image = read_image(record["file_name"], cfg.INPUT.FORMAT)
-        if int(cfg.INPUT.MIN_SIZE_TEST) > 0:
+        if resize and int(cfg.INPUT.MIN_SIZE_TEST) > 0:
             image = resize_for_model(image, int(cfg.INPUT.MIN_SIZE_TEST), int(cfg.INPUT.MAX_SIZE_TEST))[0].numpy()
         if min(image.shape[:2]) < min_side:
             continue

@@ -7,7 +7,8 @@ graph's outputs out.
 ``load_exported`` reads export.json (the contract every format shares) and picks the runtime the
 format needs: torch.jit for TorchScript, torch.export for the ExportedProgram, onnxruntime for
 ONNX, OpenVINO's CPU plugin for the IR. Every runner takes the image (a uint8 tensor or array in
-the export's layout, already resized as export.json's ``resize_before`` says) and returns the
+the export's layout: already resized as export.json's ``resize_before`` says, or as it is for an
+export whose ``input.contract`` is "raw_image") and returns the
 outputs named in export.json's ``outputs``, in that order, as torch tensors. Nothing else happens
 here: what the graph refuses it refuses (input_checks.py), and postprocessing (rescaling, mask
 pasting) is the model's own (exported_detector.py), so the equality tests and the evaluation of

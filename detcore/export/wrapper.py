@@ -21,9 +21,11 @@ map. ``min_side`` says the bound. There is no largest size: no op of the graph h
 image reaches before memory runs out. ``check_input`` states the whole rule (dtype, shape,
 smallest side) once; every exported format refuses what it refuses (input_checks.py).
 
-Normalization and padding are in the graph; resizing is not: torch.export cannot keep a resize
-whose output size depends on the input's through a min/max rule as one graph for every size, so
-the caller resizes (``resize_for_model``), or exports for images already at model resolution.
+Normalization and padding are in the graph; resizing is not: torch.export would carry a resize
+whose output size follows the input's through a min/max rule into every shape of the network
+(tracing ten times slower), so the caller resizes (``resize_for_model``), or the ONNX / OpenVINO
+export puts the resize and the mapping of the boxes back around this graph (raw_image.py,
+``export_model(..., input_contract="raw_image")``).
 
 Masks come out as the head's M×M probabilities, not pasted full-image masks: a full-image mask
 per detection is N×H×W (100 × 800 × 1333 floats is 400 MB) and pasting is a per-box loop that

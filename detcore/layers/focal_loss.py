@@ -58,8 +58,8 @@ def sigmoid_focal_loss_per_image(
     RetinaNet trains: equal to ``sigmoid_focal_loss(x[valid], one_hot(labels[valid]), alpha,
     gamma, "sum")`` per image, without concatenating the levels, gathering the valid anchors or
     building one-hot targets in int64: each of those is a pass over a ``[B, R, K]`` tensor (70 MB
-    per image at 800x1333), in the forward and again in the backward; together 1 s of a 17 s
-    R-50 RetinaNet training step on 2 CPU threads (docs/benchmarks.md).
+    per image at 800x1333), in the forward and again in the backward: a visible share of a R-50
+    RetinaNet training step on the CPU (docs/benchmarks.md, "Figures behind code choices").
 
     Args:
         logits: per level ``[B, R_l, K]`` float logits (contiguous ones are read in place).

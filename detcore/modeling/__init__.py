@@ -5,7 +5,7 @@ from .box_regression import Box2BoxTransform
 from .matcher import Matcher
 from .meta_arch import META_ARCH_REGISTRY, DetectorBase, GeneralizedRCNN, ProposalNetwork, RetinaNet, build_model
 from .poolers import ROIPooler
-from .retinanet_head import RetinaNetHead
+from .dense_heads import RetinaNetHead
 from .proposal_generator import PROPOSAL_GENERATOR_REGISTRY, RPN, RPN_HEAD_REGISTRY, build_proposal_generator
 from .roi_heads import (
     ROI_BOX_HEAD_REGISTRY,
@@ -18,7 +18,7 @@ from .roi_heads import (
     build_roi_heads,
 )
 from .sampling import subsample_labels
-from .test_time_augmentation import GeneralizedRCNNWithTTA
+from .tta import GeneralizedRCNNWithTTA
 
 __all__ = [
     "ANCHOR_GENERATOR_REGISTRY",

@@ -22,17 +22,14 @@ at most ~2x the real block area); each chunk is two batched matmuls and one thre
 rectangle copy per mask into the output. There is no Python loop over pixels. (On a GPU with
 TF32 matmuls enabled, only pixels within ~1e-3 of the threshold can flip.)
 
-Measured single-threaded on the (shared, busy) 2-core CPU this was written on, torch 2.15:
-100 masks of 28x28 with random boxes of 10-400 px sides on an 800x1333 image take about 0.11 s,
-0.07 s of which is zero-filling the 107 MB bool output (torchvision's per-mask loop: 0.7 s);
-100 masks whose boxes all cover the whole image take about 0.8 s.
+Its speed against torchvision's per-mask loop: docs/benchmarks.md, "Figures behind code choices".
 """
 from typing import List, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from detcore.config.choices import MASK_PASTE_MODES
-from detcore.utils.precision import full_precision
+from detcore.layers.autocast import full_precision
 
 from .boxes import Boxes
 
@@ -110,10 +107,10 @@ def paste_masks_in_image(
         wy = y_axis.weights(idx, ys)  # [c, R, P]
         wx = x_axis.weights(idx, xs)  # [c, C, P]
         # float32 even under bfloat16 autocast (TEST.PRECISION): bfloat16 matmuls moved the
-        # blended values of edge pixels across the threshold (see detcore/utils/precision.py).
+        # blended values of edge pixels across the threshold (see detcore/layers/autocast.py).
         with full_precision(device):
             block = torch.bmm(torch.bmm(wy, masks[idx]), wx.transpose(1, 2)) >= threshold  # [c, R, C]
-        # One rectangle copy per mask: ~20x faster on CPU than one indexed write of the chunk.
+        # One rectangle copy per mask: on the CPU far faster than one indexed write of the chunk.
         for k, i in enumerate(index):
             out[i, y0[k] : y0[k] + n_rows, x0[k] : x0[k] + n_cols] = block[k]
     return out

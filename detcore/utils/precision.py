@@ -10,7 +10,8 @@ whatever the caller's autocast (see the comments at those places): the RPN's log
 and the box head's deltas and class scores are cast to float32 before decoding, softmax and NMS
 (fast_rcnn.py, rpn.py, box_regression.py); NMS and ROIAlign compute in float32 (their autocast
 kernels in csrc/autocast.cpp); mask pasting and TTA's box voting, matrix products that autocast
-would round, switch it off (``full_precision``). The mask head's sigmoid is taken in float32.
+would round, switch it off (``detcore.layers.autocast.full_precision``, a layer below this one:
+structures use it). The mask head's sigmoid is taken in float32.
 
 bfloat16 is fast on CPUs that have instructions for it: Intel AMX (``amx_bf16``), AVX512-BF16
 (``avx512_bf16``: Intel Cooper Lake and later, AMD Zen 4 and later) and Arm's BF16 extension
@@ -32,7 +33,6 @@ __all__ = [
     "cpu_bfloat16_summary",
     "cpu_int8_features",
     "cpu_int8_summary",
-    "full_precision",
     "has_native_cpu_bfloat16",
     "inference_autocast",
 ]
@@ -137,13 +137,3 @@ def inference_autocast(precision: str, device) -> contextlib.AbstractContextMana
     if device_type == "cpu" and not has_native_cpu_bfloat16():
         _warn_emulated()
     return torch.autocast(device_type, dtype=torch.bfloat16)
-
-
-def full_precision(device) -> contextlib.AbstractContextManager:
-    """Autocast switched off on ``device``'s kind inside the block: for the few steps whose
-    matrix products decide which boxes or mask pixels are kept, whatever precision the caller
-    runs in (their inputs must be float32 too: autocast only ever casts an op's inputs)."""
-    device_type = torch.device(device).type
-    if device_type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device_type):
-        return contextlib.nullcontext()
-    return torch.autocast(device_type, enabled=False)

@@ -51,7 +51,7 @@ def _ratio(value) -> str:
 
 
 def ops_table(ops: Dict) -> List[str]:
-    """tools/benchmark_ops.py's JSON (its quiet phase) as a table."""
+    """benchmarks/benchmark_ops.py's JSON (its quiet phase) as a table."""
     rows = []
     for r in ops.get("results", []):
         m = r.get("quiet") or {}
@@ -74,7 +74,7 @@ MODEL_COLUMNS = [
 
 
 def model_table(model: Dict) -> List[str]:
-    """tools/benchmark_model.py's JSON as a table: one column per framework and precision."""
+    """benchmarks/benchmark_model.py's JSON as a table: one column per framework and precision."""
     results = model.get("results", {})
     columns = [(key, label) for key, label in MODEL_COLUMNS if key in results]
     rows = []
@@ -145,13 +145,13 @@ def markdown(doc: Dict) -> str:
         ops = figures["ops"]
         quick = " --quick" if ops.get("quick") else ""
         lines += ["", f"Ops, detcore against torchvision on {ops.get('device_name', '?')} (median of {ops.get('repeats', '?')} calls, "
-                      f"`tools/benchmark_ops.py --device {ops.get('device', '?')}{quick}`):", ""]
+                      f"`benchmarks/benchmark_ops.py --device {ops.get('device', '?')}{quick}`):", ""]
         lines += ops_table(ops)
     if figures.get("model"):
         model = figures["model"]
         h, w = model.get("image", ["?", "?"])
         lines += ["", f"R-50-FPN Mask R-CNN, {h}x{w}, inference 1 image, training step 2 images, on {model.get('device_name', '?')} "
-                      f"(`tools/benchmark_model.py`, {model.get('memory', 'peak memory')}):", ""]
+                      f"(`benchmarks/benchmark_model.py`, {model.get('memory', 'peak memory')}):", ""]
         lines += model_table(model)
     if figures.get("host_syncs"):
         lines += [""] + host_syncs_lines(figures["host_syncs"])

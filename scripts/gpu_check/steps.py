@@ -6,7 +6,7 @@
 2 correctness: every test marked `cuda` (tests/layers/test_ops_cuda.py, the model tests...);
 3 the emulation held against the hardware: tests/layers/test_emulation_vs_gpu.py;
 4 compute-sanitizer memcheck, racecheck, synccheck over sanitizer_driver.py;
-5 speed: tools/benchmark_ops.py and tools/benchmark_model.py against torchvision;
+5 speed: benchmarks/benchmark_ops.py and benchmarks/benchmark_model.py against torchvision;
 6 a short real training: the shapes R-18 recipe with AMP, its AP against the CPU recipe's.
 Steps 2-4 only check results, so they run at once; the benchmarks and the training run alone.
 Standard library only.
@@ -360,13 +360,13 @@ def step_speed(ctx: Context) -> Step:
     device = "cpu" if ctx.rehearse else "cuda"
     ops_json = os.path.join(ctx.out_dir, f"ops_{device}.json")
     size = ["--quick"] if ctx.rehearse else ["--repeats", "20"]
-    step.parts.append(ctx.run("ops", ctx.py("tools/benchmark_ops.py", "--device", device, *size, "--json", ops_json), 120))
+    step.parts.append(ctx.run("ops", ctx.py("benchmarks/benchmark_ops.py", "--device", device, *size, "--json", ops_json), 120))
     ctx.figures["ops"] = _load_json(ops_json)
 
     model_json = os.path.join(ctx.out_dir, f"model_{device}.json")
     # The rehearsal infers only: four R-50 training steps take minutes on 2 cores.
     size = ["--quick", "--train-repeats", "0"] if ctx.rehearse else ["--repeats", "5", "--train-repeats", "3", "--warmup", "2"]
-    args = ctx.py("tools/benchmark_model.py", "--device", device, *size, "--precision", "bfloat16",
+    args = ctx.py("benchmarks/benchmark_model.py", "--device", device, *size, "--precision", "bfloat16",
                   "--torchvision-bfloat16", "--memory-workers", "8", "--output", model_json)
     step.parts.append(ctx.run("model", args, 180))
     ctx.figures["model"] = _load_json(model_json)

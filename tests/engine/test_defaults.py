@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from detcore.engine import DefaultTrainer, default_setup, seed_all_rng
-from detcore.engine.checkpoint import LAST_CHECKPOINT_FILE, load_checkpoint_file
+from detcore.engine.checkpointer import LAST_CHECKPOINT_FILE, load_checkpoint_file
 from detcore.engine.divergence import TrainingDiverged, weight_norm
 from detcore.engine.train_loop import HookBase
 from detcore.utils.plotting import read_metrics
@@ -201,7 +201,7 @@ def test_resume_uses_the_learning_rate_of_the_command_line_and_says_what_changed
     lr_before = read_metrics(str(tmp_path / "metrics.json"))[-1]["lr"]
     assert lr_before == pytest.approx(0.05)
 
-    with caplog.at_level(logging.WARNING, logger="detcore.engine.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="detcore.engine.checkpointer"):
         lower = DefaultTrainer(toy_cfg(tmp_path, *opts, "SOLVER.BASE_LR", "0.001", "SOLVER.MOMENTUM", "0.5"))
         lower.resume_or_load(resume=True)
     assert lower.start_iter == 4

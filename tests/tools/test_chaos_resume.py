@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from detcore.engine.checkpoint import LAST_CHECKPOINT_FILE, load_checkpoint_file
+from detcore.engine.checkpointer import LAST_CHECKPOINT_FILE, load_checkpoint_file
 from detcore.utils.plotting import read_metrics
 
 from tests.engine.toy_model import REPO, TOY, subprocess_env

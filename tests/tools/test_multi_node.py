@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from detcore.engine.checkpoint import load_checkpoint_file
+from detcore.engine.checkpointer import load_checkpoint_file
 from detcore.utils.plotting import read_metrics
 
 from tests.engine.toy_model import REPO, TOY, subprocess_env

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from detcore.engine.checkpoint import LAST_CHECKPOINT_FILE, load_checkpoint_file
+from detcore.engine.checkpointer import LAST_CHECKPOINT_FILE, load_checkpoint_file
 from detcore.utils.plotting import read_metrics
 
 from tests.engine.toy_model import REPO, TINY_RCNN, TOY, subprocess_env

@@ -36,7 +36,7 @@
 namespace detcore {
 namespace nms_grid {
 
-// Measured on the benchmark's boxes and on boxes of sizes 8..1024 px (tools/benchmark_ops.py).
+// Measured on the benchmark's boxes and on boxes of sizes 8..1024 px (benchmarks/benchmark_ops.py).
 constexpr int kMaxLevels = 8;            // boxes smaller than the largest by over 4^7 share a level
 constexpr int kLevelScaleLog2 = 2;       // a level holds boxes within a factor 4 of each other
 constexpr double kCellPerWidth = 0.5;    // cell side over the level's largest box side
@@ -57,7 +57,7 @@ inline bool iou_above(
 // Box k = (kx1, ky1, kx2, ky2), of area karea, against boxes [0, count) of the arrays:
 // hit[j] = IoU > threshold; returns the number of hits. A function of its own, with restrict
 // pointers, so that the compiler vectorizes it wherever it is inlined (inside a larger function
-// it left some copies scalar under -std=c++20, 10x slower).
+// it left some copies scalar under -std=c++20, far slower).
 template <typename T>
 int64_t iou_hits(
     T kx1, T ky1, T kx2, T ky2, T karea, const T* __restrict x1, const T* __restrict y1,
@@ -107,8 +107,8 @@ class GreedyGrid {
   // box): a sample of queries says how many cells and boxes a query looks at; the costs per
   // kept box were fitted on 108 runs (9 box layouts, 256..8192 boxes; AMD EPYC): the grid
   // 6.7 ns per cell looked at and per cell visited + 0.19 ns per box in them + 63 ns, the plain
-  // walk 0.154 ns per box + 25 ns. The choice was within 10% of the faster walk in 98 runs of
-  // the 108 (at worst 1.7x slower, on 512 boxes).
+  // walk 0.154 ns per box + 25 ns (how well the choice does: docs/benchmarks.md, "Figures behind
+  // code choices").
   bool beats_plain_walk() {
     double cells = 0, visits = 0, entries = 0;
     int64_t queries = 0;

@@ -30,8 +30,8 @@ namespace detcore {
 namespace {
 
 constexpr int64_t kBlock = 256;         // plain walk: candidates settled before a compaction
-constexpr int64_t kGridMinBoxes = 512;  // fewer boxes: the plain walk (measured: the grid walk
-                                        // lost in 22 of 24 layouts at 256 boxes)
+constexpr int64_t kGridMinBoxes = 512;  // fewer boxes: the plain walk (the grid walk lost on
+                                        // nearly every layout: docs/benchmarks.md)
 
 // The plain walk's candidates, in decreasing score order, as structure-of-arrays.
 template <typename T>

@@ -51,7 +51,8 @@ CITYSCAPES_INSTANCE_CLASSES = ("person", "rider", "car", "truck", "bus", "train"
 CITYSCAPES_INSTANCE_LABEL_IDS = (24, 25, 26, 27, 28, 31, 32, 33)
 _LABEL_TO_CLASS = {label: k for k, label in enumerate(CITYSCAPES_INSTANCE_LABEL_IDS)}
 _IMAGE_SUFFIX = "_leftImg8bit.png"
-# Files at which loading goes to worker processes (an image costs ~0.1-0.3 s at 2048x1024).
+# Files at which loading goes to worker processes: decoding a 2048x1024 image is slow enough that
+# a pool pays from a few dozen files (docs/benchmarks.md, "Figures behind code choices").
 _PARALLEL_FROM = 32
 
 

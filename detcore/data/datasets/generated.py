@@ -1,5 +1,5 @@
-"""The cache of generated datasets (``shapes``, ``figures``): where it lives, and writing a split
-into it so that it appears whole or not at all.
+"""The cache of generated datasets (``shapes``, ``figures``), under detcore's cache folder
+(detcore.utils.cache): writing a split into it so that it appears whole or not at all.
 
 A split is generated into a temporary folder beside its final one and renamed into place at the
 end, so a killed generation never leaves a half-written dataset behind, and two processes that
@@ -15,12 +15,9 @@ from typing import Callable, List, Optional, Tuple
 import cv2
 import numpy as np
 
+from detcore.utils.cache import get_cache_dir
+
 __all__ = ["ensure_generated", "get_cache_dir", "write_coco_split", "write_png"]
-
-
-def get_cache_dir() -> str:
-    """``$DETCORE_CACHE`` if set, else ``~/.cache/detcore``."""
-    return os.environ.get("DETCORE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "detcore")
 
 
 def write_png(path: str, image: np.ndarray) -> None:

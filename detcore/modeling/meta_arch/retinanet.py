@@ -26,7 +26,7 @@ from ..anchor_generator import build_anchor_generator
 from ..backbone import Backbone, build_backbone
 from ..box_regression import Box2BoxTransform, box_loss
 from ..matcher import Matcher
-from ..retinanet_head import RetinaNetHead
+from ..dense_heads import RetinaNetHead
 from .base import DetectorBase
 from .build import META_ARCH_REGISTRY
 

@@ -7,8 +7,8 @@ shapes_val and reports their box / mask AP side by side, with both loss curves i
 
     pip install --no-deps imgsim                # its weights only (93 MB); --no-deps keeps
                                                 # opencv-python-headless the only OpenCV
-    python tools/transfer_demo.py               # ~20 min on 2 CPU cores
-    python tools/transfer_demo.py SOLVER.MAX_ITER 100 SOLVER.STEPS "(80,)"   # smoke run
+    python benchmarks/transfer_demo.py               # long on a CPU (configs/README.md: s/it)
+    python benchmarks/transfer_demo.py SOLVER.MAX_ITER 100 SOLVER.STEPS "(80,)"   # smoke run
 
 Each run goes to OUTPUT_ROOT/<run> and is resumed if interrupted (train_net.py --resume), so
 running the command again finishes what is missing. Results: OUTPUT_ROOT/transfer_results.json

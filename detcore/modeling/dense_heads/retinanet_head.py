@@ -15,7 +15,7 @@ from detcore.config.choices import RETINANET_HEAD_NORMS
 from detcore.layers import get_norm
 from detcore.layers.shape_spec import ShapeSpec
 
-from .anchor_generator import build_anchor_generator
+from ..anchor_generator import build_anchor_generator
 
 __all__ = ["RetinaNetHead"]
 

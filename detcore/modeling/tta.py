@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from detcore.config.choices import RESIZE_MODES, TTA_MERGE_MODES
 from detcore.data.transforms import HFlipTransform, NoOpTransform, ResizeShortestEdge, ResizeTransform, Transform, TransformList
 from detcore.structures import Boxes, Instances, from_legacy_plus_one, pairwise_iou, to_legacy_plus_one
-from detcore.utils.precision import full_precision
+from detcore.layers.autocast import full_precision
 
 from .postprocessing import detector_postprocess
 from .roi_heads.fast_rcnn import fast_rcnn_inference_single_image

@@ -6,13 +6,13 @@ indices; ROIAlign outputs and gradients allclose; ROIPool outputs and gradients 
 reports median times, the two libraries' calls interleaved. A speedup above 1 means detcore is
 faster. Without torchvision only detcore's times are printed.
 
-    python tools/benchmark_ops.py                      # CPU, full cases
-    python tools/benchmark_ops.py --device cuda --repeats 50
-    python tools/benchmark_ops.py --quick              # a smoke run of a few seconds
-    python tools/benchmark_ops.py --only deform_conv2d # the cases whose name contains this
-    python tools/benchmark_ops.py --background-load 2  # also a column with 2 busy processes beside
-    python tools/benchmark_ops.py --baseline DIR       # also detcore from DIR (an older build), interleaved
-    python tools/benchmark_ops.py --worst-cases        # NMS of 1e5 and 1e6 boxes, clustered and spread
+    python benchmarks/benchmark_ops.py                      # CPU, full cases
+    python benchmarks/benchmark_ops.py --device cuda --repeats 50
+    python benchmarks/benchmark_ops.py --quick              # a smoke run of a few seconds
+    python benchmarks/benchmark_ops.py --only deform_conv2d # the cases whose name contains this
+    python benchmarks/benchmark_ops.py --background-load 2  # also a column with 2 busy processes beside
+    python benchmarks/benchmark_ops.py --baseline DIR       # also detcore from DIR (an older build), interleaved
+    python benchmarks/benchmark_ops.py --worst-cases        # NMS of 1e5 and 1e6 boxes, clustered and spread
 
 --background-load N starts N busy processes (`while True: pass`) for the "loaded" measurement
 of each case and stops them after it (--background-nice 19 runs them at the lowest priority).
@@ -28,11 +28,11 @@ import sys
 
 import torch
 
-# Runnable as `python tools/benchmark_ops.py` from a checkout, without installing detcore. The
-# baseline worker imports detcore from the checkout in DETCORE_BENCHMARK_ROOT instead.
-TOOLS = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.environ.get("DETCORE_BENCHMARK_ROOT") or os.path.dirname(TOOLS))
-sys.path.insert(1, TOOLS)
+# Runnable as `python benchmarks/benchmark_ops.py` from a checkout, without installing detcore.
+# The baseline worker imports detcore from the checkout in DETCORE_BENCHMARK_ROOT instead.
+BENCHMARKS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.environ.get("DETCORE_BENCHMARK_ROOT") or os.path.dirname(BENCHMARKS))
+sys.path.insert(1, BENCHMARKS)
 
 import detcore  # noqa: E402
 from detcore.layers import batched_nms, deform_conv2d, nms, roi_align, roi_pool, sigmoid_focal_loss  # noqa: E402
@@ -41,6 +41,7 @@ from detcore.utils import strict_json  # noqa: E402
 from background_load import BackgroundLoad  # noqa: E402
 import benchmark_worker  # noqa: E402
 from benchmark_runner import Runner, print_table  # noqa: E402
+from benchmark_timing import timed_ms  # noqa: E402
 
 try:
     import torchvision
@@ -420,7 +421,7 @@ def parse_args(argv=None):
         metavar="DIR",
         help="also time the detcore of the checkout DIR (its _C built), interleaved, in a worker",
     )
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the worker's side
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # the worker's side
     args = parser.parse_args(argv)
     if args.background_load < 0:
         parser.error("--background-load must be >= 0")
@@ -441,6 +442,27 @@ def _selected_cases(args, device, repeats):
     return cases
 
 
+def serve_cases(cases, device):
+    """The worker's side (benchmark_worker.py's protocol): one timed call of a case by request,
+    ``{"case": name, "impl": "detcore" | "torchvision", "digest": bool}`` -> ``{"ms", ["digest"]}``."""
+    by_name = {c.name: c for c in cases}
+
+    def handle(request):
+        case = by_name.get(request["case"])
+        fn = None
+        if case is not None:
+            fn = case.detcore_fn if request["impl"] == "detcore" else case.torchvision_fn
+        if fn is None:
+            raise LookupError(f"no {request['impl']} call for case {request['case']!r} here")
+        result, ms = timed_ms(fn, device)
+        reply = {"ms": ms}
+        if request.get("digest"):
+            reply["digest"] = benchmark_worker.digest(result)
+        return reply
+
+    benchmark_worker.serve(handle)
+
+
 def _raise_system_exit(signum, frame):
     sys.exit(128 + signum)  # unwinds the with-blocks, so the busy processes are stopped
 
@@ -453,8 +475,8 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     repeats = args.repeats or (3 if args.quick else 20)
-    if args.serve:
-        benchmark_worker.serve(_selected_cases(args, device, repeats))
+    if args.worker:
+        serve_cases(_selected_cases(args, device, repeats), device)
         return 0
     signal.signal(signal.SIGTERM, _raise_system_exit)
     json_path = args.json or os.path.join("benchmark_results", f"ops_{args.device}.json")
@@ -463,13 +485,15 @@ def main(argv=None):
     worker_args += ["--quick"] * args.quick + ["--worst-cases"] * args.worst_cases
     worker_args += ["--only", args.only] if args.only else []
     script = os.path.abspath(__file__)
-    own_root = os.path.dirname(TOOLS)
-    baseline = benchmark_worker.Worker(script, worker_args, args.baseline) if args.baseline else None
+    own_root = os.path.dirname(BENCHMARKS)
+    baseline = None
+    if args.baseline:
+        baseline = benchmark_worker.Worker(script, worker_args, args.baseline, what="baseline worker")
     runner = Runner(
         device,
         args.tv_budget_s,
         baseline,
-        make_tv_worker=lambda: benchmark_worker.Worker(script, worker_args, own_root),
+        make_tv_worker=lambda: benchmark_worker.Worker(script, worker_args, own_root, what="torchvision worker"),
     )
     loads = [] if args.skip_quiet else [("quiet", None)]
     if args.background_load:

@@ -1,4 +1,4 @@
-"""tools/benchmark_export.py runs end to end (its --quick mode: the shapes R-18 model on a small
+"""benchmarks/benchmark_export.py runs end to end (its --quick mode: the shapes R-18 model on a small
 image) and writes a JSON whose four runtimes carried the same detections."""
 import json
 
@@ -10,7 +10,7 @@ pytest.importorskip("onnxscript")
 
 @pytest.mark.slow
 def test_quick_benchmark_writes_its_table(tmp_path):
-    from tools import benchmark_export
+    from benchmarks import benchmark_export
 
     record = benchmark_export.main(["--quick", "--repeats", "1", "--output", str(tmp_path / "export.json")])
     saved = json.loads((tmp_path / "export.json").read_text())

@@ -1,31 +1,11 @@
-"""How tools/benchmark_ops.py times a case: detcore, the baseline build (in a worker process) and
-torchvision, call by call in turn so that all three see the same load, once per phase (quiet,
+"""How benchmarks/benchmark_ops.py times a case: detcore, the baseline build (in a worker process)
+and torchvision, call by call in turn so that all three see the same load, once per phase (quiet,
 then with busy processes beside it); and the table it prints.
 """
 import os
-import statistics
-import time
-
-import torch
 
 import benchmark_worker
-
-
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed_call(fn, device):
-    synchronize(device)
-    start = time.perf_counter()
-    result = fn()
-    synchronize(device)
-    return result, (time.perf_counter() - start) * 1000
-
-
-def _median(times):
-    return statistics.median(times) if times else None
+from benchmark_timing import median, timed_ms
 
 
 class Runner:
@@ -44,27 +24,26 @@ class Runner:
                 w.close()
 
     def _baseline_call(self, case, want_digest=False):
-        reply = self.baseline.call(case.name, want_digest=want_digest)
-        if "error" in reply:
-            raise RuntimeError(f"baseline: {reply['error']}")
-        return reply
+        try:
+            return self.baseline.call({"case": case.name, "impl": "detcore", "digest": want_digest})
+        except benchmark_worker.WorkerError as e:
+            raise RuntimeError(f"baseline: {e.reason}") from e
 
     def _tv_worker_call(self, case):
         """One torchvision call in the worker: its time in ms and its digest, or None past the budget."""
         if self._tv_worker is None:
             self._tv_worker = self.make_tv_worker()
         try:
-            reply = self._tv_worker.call(case.name, impl="torchvision", want_digest=True, timeout_s=self.tv_budget_s)
+            return self._tv_worker.call(
+                {"case": case.name, "impl": "torchvision", "digest": True}, timeout_s=self.tv_budget_s
+            )
         except benchmark_worker.WorkerTimeout:
             self._tv_worker = None  # killed; the next call starts another
             return None
-        if "error" in reply:
-            raise RuntimeError(f"torchvision worker: {reply['error']}")
-        return reply
 
     def check(self, case, row):
         """Runs each side once: agreement with torchvision and the bits of the baseline."""
-        ours, _ = timed_call(case.detcore_fn, self.device)
+        ours, _ = timed_ms(case.detcore_fn, self.device)
         row["tv_timed"] = False
         if case.torchvision_fn is None:
             row["agree"] = "n/a (no torchvision)"
@@ -77,7 +56,7 @@ class Runner:
                 row["agree"] = "yes" if same else "NO (different indices)"
                 row["tv_timed"] = True
         else:
-            theirs, first_ms = timed_call(case.torchvision_fn, self.device)
+            theirs, first_ms = timed_ms(case.torchvision_fn, self.device)
             row["agree"] = case.agree_fn(ours, theirs)
             row["tv_timed"] = first_ms * (case.repeats + 2) <= self.tv_budget_s * 1000
             if not row["tv_timed"]:
@@ -107,14 +86,14 @@ class Runner:
                 case.torchvision_fn()
         ours, base, theirs = [], [], []
         for _ in range(case.repeats):
-            ours.append(timed_call(case.detcore_fn, self.device)[1])
+            ours.append(timed_ms(case.detcore_fn, self.device)[1])
             if with_baseline:
                 base.append(self._baseline_call(case)["ms"])
             if tv_here:
-                theirs.append(timed_call(case.torchvision_fn, self.device)[1])
-        result = {"detcore_ms": _median(ours), "baseline_ms": _median(base)}
+                theirs.append(timed_ms(case.torchvision_fn, self.device)[1])
+        result = {"detcore_ms": median(ours), "baseline_ms": median(base)}
         if tv_here:
-            result["torchvision_ms"] = _median(theirs)
+            result["torchvision_ms"] = median(theirs)
         elif case.torchvision_in_worker and row["tv_timed"]:
             reply = self._tv_worker_call(case)  # one call: it may take most of the budget
             result["torchvision_ms"] = reply["ms"] if reply else f"> {self.tv_budget_s:g} s"

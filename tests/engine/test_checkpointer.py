@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from detcore.engine.checkpoint import (
+from detcore.engine.checkpointer import (
     LAST_CHECKPOINT_FILE,
     Checkpointer,
     atomic_torch_save,
     load_checkpoint_file,
     load_model_weights,
 )
-from detcore.engine import checkpoint as checkpoint_module
+from detcore.engine import checkpointer as checkpoint_module
 from detcore.solver import WarmupMultiStepLR
 
 
@@ -167,7 +167,7 @@ def test_load_report_lists_missing_unexpected_and_mismatched(tmp_path, caplog):
     dst = Small(classes=3)
     head_before = dst.head.weight.detach().clone()
     gn_bias_before = dst.body[1].bias.detach().clone()
-    with caplog.at_level(logging.WARNING, logger="detcore.engine.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="detcore.engine.checkpointer"):
         report = load_model_weights(dst, path)
     assert sorted(model_key for _, model_key, _ in report.mapped) == ["body.0.bias", "body.0.weight", "body.1.weight"]
     assert [key for key, _ in report.missing] == ["body.1.bias"]
@@ -193,7 +193,7 @@ def test_full_load_is_quiet_and_reads_trainer_checkpoints(tmp_path, caplog):
     model, opt, sched = trained_parts()
     path = Checkpointer(model, str(tmp_path), optimizer=opt, scheduler=sched).save("final", iteration=9)
     fresh = Small()
-    with caplog.at_level(logging.INFO, logger="detcore.engine.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="detcore.engine.checkpointer"):
         report = load_model_weights(fresh, path)
     assert report.complete
     assert_same_tensors(fresh.state_dict(), model.state_dict())
@@ -336,7 +336,7 @@ def test_a_symbolic_link_out_of_the_folder_is_refused_on_resume(tmp_path, link):
 _DISK_FULL = """
 import os, resource, signal, sys
 import torch
-from detcore.engine.checkpoint import Checkpointer
+from detcore.engine.checkpointer import Checkpointer
 folder = sys.argv[1]
 ckpt = Checkpointer(torch.nn.Linear(64, 64), folder)
 first = ckpt.save("model_0000001", iteration=1)

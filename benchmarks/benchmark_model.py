@@ -30,13 +30,13 @@ BatchNorm and 5 trainable stages (it assumes training from scratch), so the same
 from its parts: ``resnet_fpn_backbone("resnet50", norm_layer=FrozenBatchNorm2d,
 trainable_layers=3)`` + ``MaskRCNN`` -- exactly what the builder does for a pretrained backbone.
 
-    python tools/benchmark_model.py                 # CPU, 800x1333 (several minutes on 2 cores)
-    python tools/benchmark_model.py --quick         # smoke run of the tool: tiny image, 1 repeat
-    python tools/benchmark_model.py --device cuda --repeats 20
-    python tools/benchmark_model.py --quick MODEL.CHANNELS_LAST True   # detcore config overrides
-    python tools/benchmark_model.py --train-repeats 0                  # inference only
-    python tools/benchmark_model.py --model retinanet                  # RetinaNet vs retinanet_resnet50_fpn
-    python tools/benchmark_model.py --precision bfloat16   # + detcore in bfloat16 (inference and AMP step)
+    python benchmarks/benchmark_model.py                 # CPU, 800x1333 (several minutes on 2 cores)
+    python benchmarks/benchmark_model.py --quick         # smoke run of the tool: tiny image, 1 repeat
+    python benchmarks/benchmark_model.py --device cuda --repeats 20
+    python benchmarks/benchmark_model.py --quick MODEL.CHANNELS_LAST True   # detcore config overrides
+    python benchmarks/benchmark_model.py --train-repeats 0                  # inference only
+    python benchmarks/benchmark_model.py --model retinanet                  # RetinaNet vs retinanet_resnet50_fpn
+    python benchmarks/benchmark_model.py --precision bfloat16   # + detcore in bfloat16 (inference and AMP step)
 
 With ``--precision bfloat16`` a third model joins the same run: detcore's, with the same random
 weights, inferring in TEST.PRECISION bfloat16 and training with bfloat16 AMP (SOLVER.AMP); its
@@ -51,15 +51,13 @@ Results are printed as a table (ratio = torchvision time / detcore time: above 1
 faster) and saved to benchmark_results/model_<device>.json (model_retinanet_<device>.json).
 """
 import argparse
-import json
 import os
 import platform
-import subprocess
 import sys
 
 import torch
 
-# Runnable as `python tools/benchmark_model.py` from a checkout, without installing detcore.
+# Runnable as `python benchmarks/benchmark_model.py` from a checkout, without installing detcore.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 # The workloads live beside this script (on the path already when it runs as a script; not under runpy).
@@ -69,7 +67,8 @@ from detcore.utils.collect_env import cpu_name  # noqa: E402
 from detcore.utils import strict_json  # noqa: E402
 from detcore.config.choices import INFERENCE_PRECISIONS  # noqa: E402
 from detcore.utils.precision import cpu_bfloat16_summary  # noqa: E402
-from model_benchmark_workloads import CONFIGS, NUM_GT, RUNNERS, STAGES, worker  # noqa: E402
+import benchmark_worker  # noqa: E402
+from model_benchmark_workloads import CONFIGS, NUM_GT, RUNNERS, STAGES, serve  # noqa: E402
 
 
 # --- driver -------------------------------------------------------------------------------------------
@@ -79,9 +78,10 @@ def phases(args):
 
 
 def start_worker(args, frameworks, phase):
-    cmd = [
-        sys.executable, os.path.abspath(__file__), "--worker", "--frameworks", ",".join(frameworks),
-        "--phase", phase, "--model", args.model, "--device", args.device, "--threads", str(args.threads),
+    """A worker (benchmark_worker.py's protocol) started with the run's options, asked for one
+    measurement: the times of ``frameworks`` (phase "time") or the peak memory of one."""
+    worker_args = [
+        "--model", args.model, "--device", args.device, "--threads", str(args.threads),
         "--config", args.config,
         "--height", str(args.height), "--width", str(args.width), "--repeats", str(args.repeats),
         "--train-repeats", str(args.train_repeats), "--warmup", str(args.warmup),
@@ -91,18 +91,18 @@ def start_worker(args, frameworks, phase):
         *(["--torchvision-bfloat16"] if args.torchvision_bfloat16 else []),
         *args.opts,  # last: a KEY VALUE list takes the rest of the command line
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    proc.what = f"{'/'.join(frameworks)} {phase}"
-    return proc
+    what = f"the {'/'.join(frameworks)} {phase} worker"
+    worker = benchmark_worker.Worker(os.path.abspath(__file__), worker_args, what=what, cwd=ROOT)
+    worker.send({"frameworks": list(frameworks), "phase": phase})
+    return worker
 
 
-def finish_worker(proc):
-    stdout, stderr = proc.communicate()
-    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(stderr[-4000:])
-        raise RuntimeError(f"the {proc.what} worker failed (exit code {proc.returncode})")
-    return json.loads(lines[-1][len("RESULT "):])
+def finish_worker(worker):
+    """The measurement a worker was asked for; the worker is closed."""
+    try:
+        return worker.receive()
+    finally:
+        worker.close()
 
 
 def ratio(tv, dc):
@@ -241,8 +241,6 @@ def main():
     )
     parser.add_argument("--output", default=None, help="JSON path (default benchmark_results/model_<device>.json)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--frameworks", default="detcore,torchvision", help=argparse.SUPPRESS)
-    parser.add_argument("--phase", choices=("time", "infer", "train"), help=argparse.SUPPRESS)
     parser.add_argument(
         "opts", nargs="*", default=[],
         help="detcore config overrides, KEY VALUE ..., applied after the benchmark's own (torchvision only reads "
@@ -251,12 +249,11 @@ def main():
     # Intermixed: options may come after the KEY VALUE overrides too.
     args = parser.parse_intermixed_args()
     args.config = os.path.abspath(args.config or os.path.join(ROOT, CONFIGS[args.model]))
-    args.frameworks = args.frameworks.split(",")
     if len(args.opts) % 2:
         parser.error(f"config overrides come in KEY VALUE pairs, got an odd count ({len(args.opts)}): {args.opts}")
 
     if args.worker:
-        return worker(args)
+        return serve(args)
 
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")

@@ -1,4 +1,5 @@
-"""Checkpoints: crash-safe saving, resuming a run, and loading model weights with a report.
+"""The Checkpointer: crash-safe saving, resuming a run, and loading model weights with a report
+(the checkpoint formats it reads, the model zoo catalog and downloads live in detcore/checkpoint/).
 
 Saving is atomic: the checkpoint is written to a temporary file in the same folder, flushed and
 fsynced, then renamed over the final name (``os.replace``, atomic on POSIX), and only then is the

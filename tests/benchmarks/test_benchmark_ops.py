@@ -1,4 +1,4 @@
-"""tools/benchmark_ops.py's load and A/B machinery: the busy processes start, spin and always stop
+"""benchmarks/benchmark_ops.py's load and A/B machinery: the busy processes start, spin and always stop
 (also on an error, and with a killed parent); a quick run writes quiet and loaded columns, the
 load average, and the bit-for-bit verdict against a baseline build; the torchvision worker is
 killed at its time budget."""
@@ -11,7 +11,7 @@ import time
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "tools"))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 from background_load import BackgroundLoad  # noqa: E402
 import benchmark_worker  # noqa: E402
@@ -66,7 +66,7 @@ def test_bad_arguments_are_refused():
 
 def test_busy_processes_die_with_a_killed_benchmark():
     code = (
-        f"import sys, os, signal; sys.path.insert(0, {os.path.join(REPO, 'tools')!r})\n"
+        f"import sys, os, signal; sys.path.insert(0, {os.path.join(REPO, 'benchmarks')!r})\n"
         "from background_load import BackgroundLoad\n"
         "load = BackgroundLoad(1, settle_s=0.1); load.start()\n"
         "print(load.pids()[0], flush=True)\n"
@@ -81,7 +81,7 @@ def test_busy_processes_die_with_a_killed_benchmark():
 
 
 def test_quick_run_with_load_and_a_baseline(tmp_path):
-    from tools import benchmark_ops
+    from benchmarks import benchmark_ops
 
     out = tmp_path / "ops.json"
     args = ["--quick", "--only", "nms N=1000", "--repeats", "2", "--background-load", "1"]
@@ -99,12 +99,13 @@ def test_quick_run_with_load_and_a_baseline(tmp_path):
 
 def test_the_torchvision_worker_is_killed_at_its_budget():
     pytest.importorskip("torchvision")
-    script = os.path.join(REPO, "tools", "benchmark_ops.py")
+    script = os.path.join(REPO, "benchmarks", "benchmark_ops.py")
     worker = benchmark_worker.Worker(script, ["--worst-cases", "--only", "N=1000000 spread"], REPO)
     try:
         # Greedy NMS of a million boxes that barely overlap: minutes for torchvision.
         with pytest.raises(benchmark_worker.WorkerTimeout):
-            worker.call("nms worst N=1000000 spread (canvas 300000) iou=0.5", impl="torchvision", timeout_s=1)
+            case = "nms worst N=1000000 spread (canvas 300000) iou=0.5"
+            worker.call({"case": case, "impl": "torchvision", "digest": False}, timeout_s=1)
         assert worker.proc.poll() is not None
     finally:
         worker.close()

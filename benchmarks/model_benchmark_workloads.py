@@ -1,19 +1,20 @@
-"""What tools/benchmark_model.py measures, and the worker subprocess that measures it.
+"""What benchmarks/benchmark_model.py measures, and the worker process that measures it.
 
 The shared inputs (a smooth random image, polygon targets), detcore's and torchvision's Mask R-CNN
 or RetinaNet R50-FPN behind one small interface (a runner per framework), the timed inference and
-training step, and the two kinds of worker: one that times every framework alternating run by
-run, one that takes the peak memory of a single (framework, phase). The entry script starts a
-worker as itself with ``--worker``; the method is documented there.
+training step, and the two measurements a worker makes on request (benchmark_worker.py's
+protocol): the times of every framework alternating run by run, or the peak memory of a single
+(framework, phase). The entry script starts a worker as itself with ``--worker``; the method is
+documented there.
 """
-import json
 import resource
-import statistics
 import sys
-import time
 
 import numpy as np
 import torch
+
+import benchmark_worker
+from benchmark_timing import median, timed_ms
 
 NUM_GT = 6  # objects per training image
 # Inference stages per model, each timed on its own (the calls the models' forward makes).
@@ -371,11 +372,6 @@ RUNNERS = {
 
 
 # --- measuring (inside a worker subprocess) -------------------------------------------------------
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def peak_memory_mb(device):
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -391,11 +387,7 @@ def inference_once(runner, inputs):
     times = {}
     with torch.no_grad():
         for name, fn in stages.items():
-            synchronize(device)
-            start = time.perf_counter()
-            fn()
-            synchronize(device)
-            times[name] = (time.perf_counter() - start) * 1000
+            times[name] = timed_ms(fn, device)[1]
     return times, runner.counts(state)
 
 
@@ -413,20 +405,17 @@ def inference_gflop(load):
 
 def train_once(runner, inputs, optimizer):
     """One training step: (forward ms, backward + SGD step ms)."""
-    device = runner.device
-    synchronize(device)
-    t0 = time.perf_counter()
-    loss = runner.train_forward(inputs)
-    synchronize(device)
-    t1 = time.perf_counter()
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    synchronize(device)
-    t2 = time.perf_counter()
+    loss, forward_ms = timed_ms(lambda: runner.train_forward(inputs), runner.device)
+
+    def backward_step():
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    _, backward_ms = timed_ms(backward_step, runner.device)
     if not torch.isfinite(loss):
         raise RuntimeError(f"{runner.name}: the training loss is not finite ({loss.item()})")
-    return (t1 - t0) * 1000, (t2 - t1) * 1000
+    return forward_ms, backward_ms
 
 
 class Workload:
@@ -452,10 +441,10 @@ class Workload:
         return train_once(self.runner, self.train_inputs, self.optimizer)
 
 
-def time_worker(args):
+def measure_times(args, frameworks):
     """Times every framework in one process, alternating them run by run, so that a change of
     load on a shared machine hits all of them alike. A phase with 0 repeats is not run at all."""
-    loads = {w.runner.name: w for w in (Workload(RUNNERS[name](args, train=False), args) for name in args.frameworks)}
+    loads = {w.runner.name: w for w in (Workload(RUNNERS[name](args, train=False), args) for name in frameworks)}
     result = {name: {} for name in loads}
     if args.repeats > 0:
         infer = {name: {s: [] for s in STAGES[args.model] + ("total",)} for name in loads}
@@ -468,7 +457,7 @@ def time_worker(args):
                         infer[name][stage].append(ms)
                     infer[name]["total"].append(sum(times.values()))
         for name, load in loads.items():
-            i = {f"{k}_ms": statistics.median(v) for k, v in infer[name].items()}
+            i = {f"{k}_ms": median(v) for k, v in infer[name].items()}
             first = "anchors_per_image" if args.model == "retinanet" else "proposals_per_image"
             i[first], i["detections_per_image"] = counts[name]
             i["gflop"] = inference_gflop(load)
@@ -483,27 +472,39 @@ def time_worker(args):
                     train[name]["backward_step"].append(bwd)
                     train[name]["total"].append(fwd + bwd)
         for name, load in loads.items():
-            t = {f"{k}_ms": statistics.median(v) for k, v in train[name].items()}
+            t = {f"{k}_ms": median(v) for k, v in train[name].items()}
             t["trainable_params"] = sum(p.numel() for p in load.params)
             result[name]["train"] = t
     return result
 
 
-def memory_worker(args):
-    """Peak memory of one framework in one phase (one run, the high-water mark is what counts)."""
+def measure_memory(args, framework, phase):
+    """Peak memory of one framework in one phase (one run, the high-water mark is what counts):
+    a worker process answers one such request only."""
     device = torch.device(args.device)
-    runner = RUNNERS[args.frameworks[0]](args, train=args.phase == "train")
+    runner = RUNNERS[framework](args, train=phase == "train")
     load = Workload(runner, args)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     base = peak_memory_mb(device)
-    load.train() if args.phase == "train" else load.infer()
+    load.train() if phase == "train" else load.infer()
     peak = peak_memory_mb(device)
     return {"peak_memory_mb": peak, "memory_growth_mb": peak - base}
 
 
-def worker(args):
+def serve(args):
+    """The worker's side: ``{"phase": "time", "frameworks": [...]}`` -> {framework: {phase: times}},
+    ``{"phase": "infer" | "train", "frameworks": [one]}`` -> its peak memory."""
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    result = time_worker(args) if args.phase == "time" else memory_worker(args)
-    print("RESULT " + json.dumps(result))
+
+    def handle(request):
+        torch.manual_seed(0)
+        frameworks, phase = request["frameworks"], request["phase"]
+        unknown = [f for f in frameworks if f not in RUNNERS]
+        if unknown or phase not in ("time", "infer", "train") or (phase != "time" and len(frameworks) != 1):
+            raise ValueError(f"a worker measures the times of known frameworks or the memory of one, got {request}")
+        if phase == "time":
+            return measure_times(args, frameworks)
+        return measure_memory(args, frameworks[0], phase)
+
+    benchmark_worker.serve(handle)

@@ -1,4 +1,4 @@
-"""tools/transfer_demo.py end to end on the tiny shapes splits: both runs train, evaluate and are
+"""benchmarks/transfer_demo.py end to end on the tiny shapes splits: both runs train, evaluate and are
 reported side by side, the pretrained one really starts from the given weights, and a missing
 weights package is a clear error."""
 import json
@@ -8,12 +8,12 @@ import sys
 
 import torch
 
-from detcore.engine.checkpoint import load_checkpoint_file
+from detcore.engine.checkpointer import load_checkpoint_file
 
 from tests.checkpoint.test_loader import random_resnet50_state
 from tests.engine.toy_model import REPO, TINY_RCNN, subprocess_env
 
-DEMO = os.path.join(REPO, "tools", "transfer_demo.py")
+DEMO = os.path.join(REPO, "benchmarks", "transfer_demo.py")
 LAUNCHER = os.path.join(REPO, "tests", "tools", "launcher.py")
 TRAIN_NET = os.path.join(REPO, "tools", "train_net.py")
 

@@ -9,25 +9,24 @@ the repeats after a warm-up is reported, with each one's time relative to eager.
 threshold is 0 and DETECTIONS_PER_IMAGE 100, so every run carries the full 100 detections
 through the mask head whatever the random weights score.
 
-    python tools/benchmark_export.py                # R-50-FPN Mask R-CNN at 800x1333 (minutes)
-    python tools/benchmark_export.py --quick        # the shapes R-18 model on a small image
-    python tools/benchmark_export.py --config-file X --size 800 1067 [KEY VALUE ...]
+    python benchmarks/benchmark_export.py                # R-50-FPN Mask R-CNN at 800x1333 (minutes)
+    python benchmarks/benchmark_export.py --quick        # the shapes R-18 model on a small image
+    python benchmarks/benchmark_export.py --config-file X --size 800 1067 [KEY VALUE ...]
 
 Results are printed as a table and saved to benchmark_results/export_cpu.json.
 """
 import argparse
 import os
 import platform
-import statistics
 import sys
 import tempfile
-import time
 import warnings
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))  # the timing helper beside this script
 
 import detcore.export  # noqa: E402
 from detcore.config import get_cfg  # noqa: E402
@@ -35,6 +34,7 @@ from detcore.export import ExportableDetector, script_exported_program, trace_de
 from detcore.modeling import build_model  # noqa: E402
 from detcore.utils import strict_json  # noqa: E402
 from detcore.utils.collect_env import cpu_name  # noqa: E402
+from benchmark_timing import interleaved, median, timed_ms  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -77,16 +77,12 @@ def main(argv=None):
     image = _image(*args.size)
     with warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp:
         warnings.simplefilter("ignore")
-        start = time.perf_counter()
-        program = trace_detector(detector, image)
-        export_s = time.perf_counter() - start
-        start = time.perf_counter()
+        program, export_ms = timed_ms(lambda: trace_detector(detector, image))
         onnx_path = os.path.join(tmp, "model.onnx")
-        detcore.export.program_to_onnx(program, (image,)).save(onnx_path)  # as export_model writes it
-        onnx_s = time.perf_counter() - start
-        start = time.perf_counter()
-        scripted = script_exported_program(program)
-        script_s = time.perf_counter() - start
+        # As export_model writes it.
+        _, onnx_ms = timed_ms(lambda: detcore.export.program_to_onnx(program, (image,)).save(onnx_path))
+        scripted, script_ms = timed_ms(lambda: script_exported_program(program))
+        export_s, onnx_s, script_s = export_ms / 1000, onnx_ms / 1000, script_ms / 1000
         session = onnxruntime.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
     exported = program.module()
     runners = {
@@ -96,14 +92,9 @@ def main(argv=None):
         "onnxruntime": lambda: session.run(None, {session.get_inputs()[0].name: image.numpy()}),
     }
     counts = {name: int(len(run()[0])) for name, run in runners.items()}  # also the warm-up
-    times = {name: [] for name in runners}
     with torch.no_grad():
-        for _ in range(args.repeats):
-            for name, run in runners.items():
-                start = time.perf_counter()
-                run()
-                times[name].append((time.perf_counter() - start) * 1000)
-    medians = {name: statistics.median(t) for name, t in times.items()}
+        times = interleaved(runners, args.repeats)
+    medians = {name: median(t) for name, t in times.items()}
     print(f"{os.path.basename(args.config_file)} at {args.size[0]}x{args.size[1]}, {torch.get_num_threads()} torch threads, "
           f"{args.repeats} repeats; export {export_s:.0f} s, ONNX conversion {onnx_s:.0f} s, "
           f"TorchScript conversion {script_s:.1f} s")

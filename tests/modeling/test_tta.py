@@ -10,7 +10,7 @@ from detcore.config.choices import TTA_MERGE_MODES
 from detcore.data.transforms import HFlipTransform, ResizeShortestEdge, ResizeTransform
 from detcore.layers import roi_align
 from detcore.modeling import GeneralizedRCNNWithTTA, build_model
-from detcore.modeling.test_time_augmentation import box_voting, merge_detections
+from detcore.modeling.tta import box_voting, merge_detections
 from detcore.structures import Boxes, ImageList, Instances, pairwise_iou, paste_masks_in_image
 from detcore.utils.registry import build_from_config
 
