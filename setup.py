@@ -125,9 +125,11 @@ setup(
     python_requires=">=3.9",
     install_requires=["torch", "yacs", "numpy", "pycocotools", "opencv-python-headless", "matplotlib"],
     extras_require={
-        "test": ["pytest", "hypothesis", "torchvision", "imgviz", "onnx", "onnxruntime", "onnxscript", "openvino"],
+        "test": [
+            "pytest", "hypothesis", "torchvision", "imgviz", "onnx", "onnxruntime", "onnxscript", "openvino", "nncf",
+        ],
         "export": ["onnx", "onnxruntime", "onnxscript"],
-        # The OpenVINO format (converted from the ONNX export) and, later, its int8 quantization.
+        # The OpenVINO format (converted from the ONNX export) and its int8 quantization (NNCF).
         "openvino": ["onnx", "onnxscript", "openvino", "nncf"],
     },
     ext_modules=[_extension()],

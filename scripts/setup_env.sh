@@ -11,9 +11,9 @@ PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c "import torch" 2>/dev/null; then
   "$PYTHON" -m pip install torch torchvision
 fi
-# tensorboard, onnx, onnxruntime, onnxscript (export) and openvino (its format) are optional for
-# users; installed here so the tests run them too.
-"$PYTHON" -m pip install "setuptools>=64" wheel yacs numpy pycocotools opencv-python-headless matplotlib ninja pytest hypothesis imgviz tensorboard onnx onnxruntime onnxscript openvino
+# tensorboard, onnx, onnxruntime, onnxscript (export), openvino (its format) and nncf (int8
+# OpenVINO) are optional for users; installed here so the tests run them too.
+"$PYTHON" -m pip install "setuptools>=64" wheel yacs numpy pycocotools opencv-python-headless matplotlib ninja pytest hypothesis imgviz tensorboard onnx onnxruntime onnxscript openvino nncf
 # cityscapesscripts: the Cityscapes label table, polygon drawing and instance AP (the loader and
 # evaluator call its functions; nothing is downloaded).
 "$PYTHON" -m pip install cityscapesscripts

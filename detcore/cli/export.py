@@ -54,6 +54,18 @@ def build_parser(prog: Optional[str] = None, description: Optional[str] = None) 
         "--allow-random-weights", action="store_true",
         help="export an untrained model when MODEL.WEIGHTS is empty (otherwise refused)",
     )
+    # int8 post-training quantization (ONNX, OpenVINO): detcore/export/quantize.py.
+    parser.add_argument(
+        "--int8", action="store_true",
+        help="quantize the ONNX or OpenVINO export to int8, calibrated on --calibration-dataset",
+    )
+    parser.add_argument(
+        "--calibration-dataset", metavar="NAME",
+        help="registered dataset whose images calibrate --int8 (e.g. shapes_val, coco:path/to/val.json)",
+    )
+    parser.add_argument(
+        "--calibration-images", type=int, default=100, metavar="N", help="how many of its images (default 100)"
+    )
     add_overrides_argument(parser, help="KEY VALUE overrides; set MODEL.WEIGHTS")
     return parser
 
@@ -74,7 +86,10 @@ def main(args):
             "checkpoint (MODEL.WEIGHTS path/to/model_final.pth), or add --allow-random-weights if that is the intent."
         )
     try:  # before the model is built and traced: the format, settings and folder can be refused now
-        check_export_request(cfg, args.format, args.output, args.overwrite, args.input_contract)
+        check_export_request(
+            cfg, args.format, args.output, args.overwrite, args.input_contract,
+            args.int8, args.calibration_dataset, args.calibration_images,
+        )
     except (ValueError, OSError, ImportError) as e:
         raise SystemExit(str(e)) from None
     model = build_model(cfg).eval()
@@ -93,6 +108,7 @@ def main(args):
     paths = export_model(
         cfg, model, args.format, args.output, sample, args.input_layout, class_names, args.batch_size,
         overwrite=args.overwrite, input_contract=args.input_contract,
+        int8=args.int8, calibration_dataset=args.calibration_dataset, calibration_images=args.calibration_images,
     )
     print(f"Wrote {paths['model']} and {paths['metadata']}")
     return paths

@@ -40,6 +40,7 @@ from detcore.utils import strict_json
 from .input_checks import add_onnx_input_checks, input_contracts
 from .onnx_ops import OPSET, onnx_translation_table, split_roi_pool
 from .openvino_format import import_openvino, onnx_to_openvino, openvino_version
+from . import quantize as int8_quantization
 from .raw_image import RawImageIO, add_onnx_raw_image_io, describe_resize
 from .torchscript import script_exported_program
 from .wrapper import ExportableDetector
@@ -167,7 +168,7 @@ def _write_atomically(path: str, write) -> None:
             os.unlink(temporary)
 
 
-def _write_openvino_atomically(onnx_program, xml_path: str) -> None:
+def _write_openvino_atomically(onnx_program, xml_path: str, transform=None) -> None:
     """The IR under temporary names, then renamed: the weights first, the .xml (what a reader
     opens) last. The .xml finds its weights by its own name, so both keep the same stem."""
     folder, name = os.path.split(xml_path)
@@ -175,7 +176,7 @@ def _write_openvino_atomically(onnx_program, xml_path: str) -> None:
     temporary = os.path.join(folder, ".partial." + name)
     pairs = [(temporary[: -len(".xml")] + ".bin", os.path.join(folder, stem + ".bin")), (temporary, xml_path)]
     try:
-        onnx_to_openvino(onnx_program, temporary)
+        onnx_to_openvino(onnx_program, temporary, transform)
         for source, target in pairs:
             os.replace(source, target)
     finally:
@@ -185,11 +186,13 @@ def _write_openvino_atomically(onnx_program, xml_path: str) -> None:
 
 
 def check_export_request(
-    cfg, fmt: str, output_dir: str, overwrite: bool = False, input_contract: str = "resized_image"
+    cfg, fmt: str, output_dir: str, overwrite: bool = False, input_contract: str = "resized_image",
+    int8: bool = False, calibration_dataset: Optional[str] = None, calibration_images: int = 100,
 ) -> None:
     """What ``export_model`` refuses before tracing, checked on its own (tools/export_model.py
     calls it before building the model): the format, a precision or TEST.AUG setting the graph
-    cannot hold, an input contract the format or model cannot have, a folder that already holds an
+    cannot hold, an input contract the format or model cannot have, an int8 request a format or the
+    installed packages cannot serve (quantize.py), a folder that already holds an
     export (unless ``overwrite``) or cannot be written to. Creates ``output_dir`` if missing."""
     if fmt not in FORMATS:
         raise ValueError(f"export_model: format must be one of {FORMATS}, got {fmt!r}")
@@ -206,6 +209,8 @@ def check_export_request(
             )
         if cfg.MODEL.KEYPOINT_ON:
             raise ValueError(f"export_model: {RawImageIO.KEYPOINTS_REFUSED}")
+    if int8:
+        int8_quantization.check_int8_request(fmt, calibration_dataset, calibration_images)
     if fmt == "openvino":
         try:  # refused now, with what to install, rather than after tracing
             import_openvino()
@@ -240,6 +245,7 @@ def export_model(
     cfg, model, fmt: str, output_dir: str, sample_image: Optional[torch.Tensor] = None,
     input_layout: str = "CHW", class_names=None, batch_size: Optional[int] = None, overwrite: bool = False,
     input_contract: str = "resized_image",
+    int8: bool = False, calibration_dataset: Optional[str] = None, calibration_images: int = 100,
 ) -> Dict[str, str]:
     """Writes ``output_dir/model.ts``, ``model.pt2``, ``model.onnx`` or ``model.xml`` (+ ``model.bin``)
     and ``output_dir/export.json``.
@@ -259,6 +265,8 @@ def export_model(
             ``resize_before`` says and gives detections in their pixels; "raw_image" (ONNX and
             OpenVINO): the graph takes the image as it is, resizes it itself and gives detections
             in its pixels (raw_image.py). The sample image is at the model's resolution either way.
+        int8: quantize the ONNX or OpenVINO export to int8 (quantize.py), calibrated on the first
+            ``calibration_images`` images of the registered dataset ``calibration_dataset``.
 
     Returns:
         ``{"model": path, "metadata": path}``.
@@ -271,10 +279,17 @@ def export_model(
         detector.check_input(image)
     except (ValueError, RuntimeError) as e:  # torch._check raises RuntimeError
         raise ValueError(f"export_model: sample_image does not fit the graph: {e}") from None
-    check_export_request(cfg, fmt, output_dir, overwrite, input_contract)
+    check_export_request(
+        cfg, fmt, output_dir, overwrite, input_contract, int8, calibration_dataset, calibration_images
+    )
     raw_image = None
     if input_contract == "raw_image" and int(cfg.INPUT.MIN_SIZE_TEST) > 0:  # else the model takes it as it is
         raw_image = RawImageIO.of(detector, cfg)
+    int8_entry, quantize = None, None
+    if int8:
+        int8_entry, quantize = _int8_plan(
+            cfg, model, fmt, detector, calibration_dataset, calibration_images, resized=raw_image is None
+        )
     program = trace_detector(detector, image.to(detector.model.device))
     path = os.path.join(output_dir, _FILE_NAMES[fmt])
     if fmt == "exported_program":
@@ -284,14 +299,16 @@ def export_model(
         _write_atomically(path, lambda temporary: torch.jit.save(scripted, temporary))
     elif fmt == "onnx":
         onnx_program = program_to_onnx(program, (image,), detector.output_names, raw_image)
-        _write_atomically(path, onnx_program.save)
+        _write_atomically(path, quantize(onnx_program) if quantize else onnx_program.save)
     else:
         onnx_program = program_to_onnx(program, (image,), detector.output_names, raw_image)
-        _write_openvino_atomically(onnx_program, path)
+        _write_openvino_atomically(onnx_program, path, quantize(onnx_program) if quantize else None)
     metadata_path = os.path.join(output_dir, "export.json")
-    text = strict_json.dumps(
-        _metadata(cfg, detector, fmt, os.path.basename(path), class_names, input_contract), indent=2
-    )
+    metadata = _metadata(cfg, detector, fmt, os.path.basename(path), class_names, input_contract)
+    metadata["int8"] = int8_entry
+    if int8:
+        metadata["versions"].update(int8_quantization.quantizer_versions(fmt))
+    text = strict_json.dumps(metadata, indent=2)
 
     def write_metadata(temporary):
         with open(temporary, "w") as f:
@@ -299,6 +316,37 @@ def export_model(
 
     _write_atomically(metadata_path, write_metadata)
     return {"model": path, "metadata": metadata_path}
+
+
+def _int8_plan(cfg, model, fmt, detector, calibration_dataset, calibration_images, resized=True):
+    """export.json's ``int8`` entry and the step that quantizes the written graph: for ONNX a
+    writer of the int8 file from the float ONNXProgram, for OpenVINO a transform of the ov.Model.
+    Warns where this CPU would emulate int8. ``resized``: the graph takes resized images (the
+    raw_image contract's graph resizes them itself)."""
+    int8_quantization.warn_if_int8_emulated()
+    inputs = int8_quantization.calibration_inputs(
+        cfg, calibration_dataset, calibration_images, detector.input_layout, detector.batch_size, detector.min_side,
+        resize=resized,
+    )
+    keep_float = int8_quantization.float_layers(model)
+    entry = int8_quantization.int8_metadata(fmt, calibration_dataset, len(inputs), calibration_images, keep_float)
+    if fmt == "openvino":
+        def transform_for(onnx_program):
+            nodes = int8_quantization.onnx_nodes_of(onnx_program.model_proto, list(keep_float))
+            return lambda ov_model: int8_quantization.quantize_openvino_model(ov_model, inputs, nodes)
+
+        return entry, transform_for
+
+    def write_int8_onnx(onnx_program):
+        def write(temporary):
+            with tempfile.TemporaryDirectory(prefix="detcore_float_onnx_") as folder:
+                float_path = os.path.join(folder, "model.onnx")
+                onnx_program.save(float_path)
+                int8_quantization.quantize_onnx_file(float_path, temporary, inputs, list(keep_float))
+
+        return write
+
+    return entry, write_int8_onnx
 
 
 def _score_threshold(cfg) -> float:

@@ -84,10 +84,11 @@ def openvino_version() -> Optional[str]:
         return None
 
 
-def onnx_to_openvino(onnx_program, xml_path: str) -> None:
+def onnx_to_openvino(onnx_program, xml_path: str, transform=None) -> None:
     """Write ``xml_path`` and the weights beside it (same name, .bin) from a
     ``torch.onnx.ONNXProgram``: float32 weights (OpenVINO's saver would halve them to float16
-    by default)."""
+    by default). ``transform``: a function of the converted ov.Model returning the model to
+    save (the int8 quantization, quantize.py)."""
     ov = import_openvino()
     with tempfile.TemporaryDirectory(prefix="detcore_openvino_") as folder:
         onnx_path = os.path.join(folder, "model.onnx")
@@ -98,6 +99,8 @@ def onnx_to_openvino(onnx_program, xml_path: str) -> None:
     for node in model.get_ordered_ops():
         if node.get_type_name() == "TopK" and "stable" in node.get_attributes():
             node.set_attribute("stable", True)
+    if transform is not None:
+        model = transform(model)
     ov.save_model(model, xml_path, compress_to_fp16=False)
 
 

@@ -5,7 +5,8 @@
 Prints the versions that matter (Python, torch, CUDA, compilers, dependencies), whether
 detcore._C loaded, which kernels it carries (CPU, CUDA), for which GPU archs it was built and
 whether it carries PTX for newer ones, and whether the CPU computes bfloat16 natively (what
-TEST.PRECISION bfloat16 needs to pay).
+TEST.PRECISION bfloat16 needs to pay) and has int8 dot products (VNNI, AMX: what an int8 export
+needs to pay).
 """
 import importlib
 import os
@@ -103,10 +104,11 @@ def collect_env_rows():
     except ImportError as e:
         rows.append(("torch", f"not importable: {e}"))
         return rows
-    from detcore.utils.precision import cpu_bfloat16_summary
+    from detcore.utils.precision import cpu_bfloat16_summary, cpu_int8_summary
 
     rows += [
         ("CPU bfloat16", cpu_bfloat16_summary()),
+        ("CPU int8", cpu_int8_summary()),
         ("torch", f"{torch.__version__} @ {os.path.dirname(torch.__file__)}"),
         ("torch CUDA", str(torch.version.cuda)),
         ("torch threads", str(torch.get_num_threads())),

@@ -31,6 +31,8 @@ __all__ = [
     "NATIVE_BFLOAT16_FEATURES",
     "cpu_bfloat16_features",
     "cpu_bfloat16_summary",
+    "cpu_int8_features",
+    "cpu_int8_summary",
     "has_native_cpu_bfloat16",
     "inference_autocast",
 ]
@@ -84,6 +86,30 @@ def cpu_bfloat16_summary() -> str:
         names = ", ".join(f"{NATIVE_BFLOAT16_FEATURES[f]} ({f})" for f in features)
         return f"native: {names}"
     return "emulated (no AMX, AVX512-BF16 or Arm BF16): TEST.PRECISION bfloat16 would be slower than float32"
+
+
+# int8 dot-product instructions (what an int8 export needs to pay; detcore.export.quantize).
+NATIVE_INT8_FEATURES: Dict[str, str] = {
+    "amx_int8": "AMX",
+    "avx512_vnni": "AVX512-VNNI",
+    "avx_vnni": "AVX-VNNI",
+    "asimddp": "Arm dot product",
+}
+
+
+def cpu_int8_features() -> List[str]:
+    """The int8 dot-product features of this CPU (keys of ``NATIVE_INT8_FEATURES``); empty when
+    int8 matrix products would be emulated with wider instructions."""
+    capabilities = _cpu_capabilities()
+    return [name for name in NATIVE_INT8_FEATURES if capabilities.get(name)]
+
+
+def cpu_int8_summary() -> str:
+    """One line for the environment report: int8 dot products native (which) or emulated."""
+    features = cpu_int8_features()
+    if features:
+        return "native: " + ", ".join(f"{NATIVE_INT8_FEATURES[f]} ({f})" for f in features)
+    return "emulated (no AVX512-VNNI, AVX-VNNI, AMX or Arm dot product): an int8 export may be slower than float32"
 
 
 @functools.lru_cache(maxsize=None)

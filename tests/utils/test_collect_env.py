@@ -38,3 +38,13 @@ def test_ptx_formatting():
     assert _format_ptx(120).startswith("compute_120 ")
     assert _format_ptx(0).startswith("none ")
     assert _format_ptx(-1).startswith("unknown ")
+
+
+def test_report_says_whether_int8_is_native(monkeypatch):
+    from detcore.utils import precision
+
+    monkeypatch.setattr(precision, "_cpu_capabilities", lambda: {"avx512_vnni": True})
+    assert "CPU int8                native: AVX512-VNNI (avx512_vnni)".split("  ")[-1] in collect_env_info()
+    monkeypatch.setattr(precision, "_cpu_capabilities", lambda: {"avx2": True})
+    line = [row for row in collect_env_info().splitlines() if row.startswith("CPU int8")][0]
+    assert "emulated" in line and "slower than float32" in line

@@ -106,3 +106,13 @@ def test_one_warning_where_bfloat16_is_emulated(cpu, caplog, capabilities, warns
 def test_unknown_precision_names_the_key():
     with pytest.raises(ValueError, match=r"TEST.PRECISION must be one of \['float32', 'bfloat16'\], got 'float16'"):
         inference_autocast("float16", "cpu")
+
+
+def test_int8_dot_products_are_read_from_the_cpu(cpu):
+    cpu({"amx_int8": True, "avx512_vnni": True, "avx_vnni": True})
+    assert precision.cpu_int8_features() == ["amx_int8", "avx512_vnni", "avx_vnni"]
+    assert precision.cpu_int8_summary() == "native: AMX (amx_int8), AVX512-VNNI (avx512_vnni), AVX-VNNI (avx_vnni)"
+    cpu({"avx512_vnni": False, "avx_vnni": True})
+    assert precision.cpu_int8_features() == ["avx_vnni"]
+    cpu({"avx2": True, "avx512_vnni": False})  # e.g. Zen 2, Skylake: emulated
+    assert precision.cpu_int8_features() == [] and precision.cpu_int8_summary().startswith("emulated")
