@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 bash scripts/setup_env.sh
 if [ $# -eq 0 ]; then
-  set -- -m "not slow"
+  # The slowest tests are listed at the end, so a CI log shows where its time goes.
+  set -- -m "not slow" --durations=30
 fi
 "$PYTHON" -m pytest "$@"
