@@ -117,6 +117,13 @@ class _DatasetCatalog:
             )
         return records
 
+    def check_known(self, name: str) -> None:
+        """Raise DatasetNotRegisteredError unless ``name`` is registered or is a data name its
+        scheme registers now; reads no records (for a check before long work that needs them)."""
+        _register_on_first_use(name)
+        if name not in self._loaders:
+            raise DatasetNotRegisteredError(_unknown_name_message("Dataset", name, list(self._loaders)))
+
     def list(self) -> List[str]:
         return sorted(self._loaders)
 

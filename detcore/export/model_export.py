@@ -211,6 +211,11 @@ def check_export_request(
             raise ValueError(f"export_model: {RawImageIO.KEYPOINTS_REFUSED}")
     if int8:
         int8_quantization.check_int8_request(fmt, calibration_dataset, calibration_images)
+    elif calibration_dataset:
+        raise ValueError(
+            f"export_model: a calibration dataset ({calibration_dataset!r}) is used only by an int8 export; "
+            "add int8 (tools/export_model.py --int8) or drop the calibration dataset"
+        )
     if fmt == "openvino":
         try:  # refused now, with what to install, rather than after tracing
             import_openvino()

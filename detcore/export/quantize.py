@@ -82,6 +82,12 @@ def check_int8_request(fmt: str, calibration_dataset: Optional[str], calibration
             ) from None
     else:
         _import_nncf()
+    from detcore.data import DatasetCatalog
+
+    try:
+        DatasetCatalog.check_known(calibration_dataset)
+    except KeyError as e:
+        raise ValueError(f"export_model: calibration dataset: {e.args[0] if e.args else e}") from None
 
 
 def _import_nncf():

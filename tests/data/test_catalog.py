@@ -99,3 +99,21 @@ def test_builtin_names_are_registered():
     coco = MetadataCatalog.get("coco_2017_val")
     assert len(coco.thing_classes) == 80 and coco.thing_classes[0] == "person"
     assert coco.thing_dataset_id_to_contiguous_id[90] == 79
+
+
+def test_check_known_registers_a_data_name_and_refuses_an_unknown_one(tmp_path):
+    import json
+
+    from detcore.data import DatasetCatalog
+    from detcore.data.catalog import DatasetNotRegisteredError
+
+    ann = tmp_path / "val.json"
+    ann.write_text(json.dumps({"images": [], "annotations": [], "categories": [{"id": 1, "name": "a"}]}))
+    name = f"coco:{ann}"
+    DatasetCatalog.check_known(name)
+    try:
+        assert name in DatasetCatalog
+    finally:
+        DatasetCatalog.remove(name)
+    with pytest.raises(DatasetNotRegisteredError, match="no_such_dataset"):
+        DatasetCatalog.check_known("no_such_dataset")

@@ -155,6 +155,19 @@ def test_int8_needs_a_calibration_dataset_and_a_positive_count(tmp_path):
                                             calibration_dataset="shapes_val", calibration_images=0)
 
 
+def test_int8_refuses_an_unknown_calibration_dataset_before_tracing(tmp_path):
+    with pytest.raises(ValueError, match=r"export_model: calibration dataset: .*'no_such_set'"):
+        detcore.export.check_export_request(_cfg(), "onnx", str(tmp_path / "out"), int8=True,
+                                            calibration_dataset="no_such_set")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_calibration_dataset_without_int8_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"calibration dataset \('shapes_val'\) is used only by an int8 export"):
+        detcore.export.check_export_request(_cfg(), "onnx", str(tmp_path / "out"), calibration_dataset="shapes_val")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("fmt, missing, hint", [
     ("onnx", "onnxruntime.quantization", r"pip install 'detcore\[export\]'"),
     ("openvino", "nncf", r"pip install 'detcore\[openvino\]' \(or: pip install nncf\)"),
