@@ -282,6 +282,7 @@ def quantize_openvino_model(ov_model, inputs: List[np.ndarray], keep_float_nodes
     every other operator type ignored, and the operators converted from the ONNX nodes
     ``keep_float_nodes`` (``onnx_nodes_of``) too."""
     nncf = _import_nncf()
+    _fold_openvino_constants(ov_model)
     quantizable = set(_OPENVINO_INT8_OPS)
     ignored_types = sorted({op.get_type_name() for op in ov_model.get_ordered_ops()} - quantizable)
     # OpenVINO's ONNX frontend names an operator after its ONNX node: "node_linear_2", and
@@ -299,6 +300,18 @@ def quantize_openvino_model(ov_model, inputs: List[np.ndarray], keep_float_nodes
         return nncf.quantize(ov_model, nncf.Dataset(inputs), subset_size=len(inputs), ignored_scope=scope)
     finally:
         nncf_logger.setLevel(level)
+
+
+def _fold_openvino_constants(ov_model) -> None:
+    """Compute in place the operators of ``ov_model`` whose inputs are all constants: the
+    FrozenBatchNorm scaling of a conv's weight (as in _fold_constant_weights). NNCF quantizes a
+    convolution only if its weight is a constant; it leaves one whose weight is a Multiply in
+    float32, with its input quantized and dequantized for nothing."""
+    from openvino.passes import ConstantFolding, Manager
+
+    manager = Manager()
+    manager.register_pass(ConstantFolding())
+    manager.run_passes(ov_model)
 
 
 def int8_metadata(fmt: str, dataset_name: str, num_used: int, num_asked: int, keep_float: Dict[str, str]) -> dict:

@@ -221,16 +221,10 @@ def test_int8_warns_where_the_cpu_emulates_it(capabilities, warns, monkeypatch, 
     assert ("without AVX512-VNNI, AVX-VNNI or AMX" in caplog.text) == warns
 
 
-def test_int8_onnx_quantizes_frozen_batchnorm_convs_weights_per_channel(tmp_path):
-    """A conv with FrozenBatchNorm scales its weight in the graph (layers/conv.py's conv_norm), a
-    product torch.onnx leaves unfolded at this size: quantize_onnx_file folds it, so the weight is
-    quantized as a weight (int8 constant, a scale per output channel, zero point 0), not
-    calibrated per tensor as an activation."""
-    pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnxscript")
-    import onnx
-    from onnx import numpy_helper
-
+def _frozen_batchnorm_conv_onnx(path):
+    """A conv with FrozenBatchNorm as ONNX: the conv scales its weight in the graph
+    (layers/conv.py's conv_norm), a product torch.onnx leaves unfolded at this size. Returns the
+    module, its FrozenBatchNorm2d and calibration inputs."""
     from detcore.layers import Conv2d, FrozenBatchNorm2d
 
     torch.manual_seed(0)
@@ -239,11 +233,26 @@ def test_int8_onnx_quantizes_frozen_batchnorm_convs_weights_per_channel(tmp_path
     norm.running_var.uniform_(0.5, 2.0)
     model = torch.nn.Sequential(Conv2d(64, 64, 3, padding=1, bias=False, norm=norm), torch.nn.ReLU()).eval()
     image = torch.rand(1, 64, 16, 16)
-    float_path, int8_path = str(tmp_path / "float.onnx"), str(tmp_path / "int8.onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (image,), float_path, dynamo=True, input_names=["x"])
-        int8_quantization.quantize_onnx_file(float_path, int8_path, [image.numpy(), 2 * image.numpy()], [])
+        torch.onnx.export(model, (image,), path, dynamo=True, input_names=["x"])
+    return model, norm, [image.numpy(), 2 * image.numpy()]
+
+
+def test_int8_onnx_quantizes_frozen_batchnorm_convs_weights_per_channel(tmp_path):
+    """quantize_onnx_file folds a FrozenBatchNorm conv's weight product, so the weight is
+    quantized as a weight (int8 constant, a scale per output channel, zero point 0), not
+    calibrated per tensor as an activation."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    import onnx
+    from onnx import numpy_helper
+
+    float_path, int8_path = str(tmp_path / "float.onnx"), str(tmp_path / "int8.onnx")
+    model, norm, inputs = _frozen_batchnorm_conv_onnx(float_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        int8_quantization.quantize_onnx_file(float_path, int8_path, inputs, [])
     graph = onnx.load(int8_path).graph
     producer = {out: node for node in graph.node for out in node.output}
     initializers = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
@@ -255,3 +264,25 @@ def test_int8_onnx_quantizes_frozen_batchnorm_convs_weights_per_channel(tmp_path
     with torch.no_grad():
         folded = (model[0].weight * norm.scale_and_shift()[0][:, None, None, None]).numpy()
     np.testing.assert_allclose(weight * scale[:, None, None, None], folded, atol=float(scale.max()))
+
+
+def test_int8_openvino_quantizes_frozen_batchnorm_convs(tmp_path):
+    """NNCF quantizes a convolution only if its weight is a constant: quantize_openvino_model
+    folds the FrozenBatchNorm product first, so the conv's weight comes from an int8 constant (or
+    a FakeQuantize), not from a float Multiply."""
+    pytest.importorskip("onnxscript")
+    ov = pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    path = str(tmp_path / "float.onnx")
+    _, _, inputs = _frozen_batchnorm_conv_onnx(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantized = int8_quantization.quantize_openvino_model(ov.Core().read_model(path), inputs, [])
+    (conv,) = [op for op in quantized.get_ordered_ops() if op.get_type_name() == "Convolution"]
+    weight_path, node = [], conv.input_value(1).get_node()
+    while True:
+        weight_path.append(f"{node.get_type_name()}:{node.get_output_element_type(0).get_type_name()}")
+        if node.get_type_name() in ("Constant", "FakeQuantize") or node.get_input_size() == 0:
+            break
+        node = node.input_value(0).get_node()
+    assert weight_path[-1] in ("Constant:i8", "FakeQuantize:f32"), weight_path
