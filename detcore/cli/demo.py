@@ -74,7 +74,7 @@ def main(args):
     cfg.freeze()
     if not cfg.MODEL.WEIGHTS and not args.allow_random_weights:
         raise SystemExit(
-            "demo: MODEL.WEIGHTS is empty, so the model would have random weights and draw noise. Give the "
+            "MODEL.WEIGHTS is empty, so the model would have random weights and draw noise. Give the "
             "checkpoint (MODEL.WEIGHTS path/to/model_final.pth, or --model NAME), or add --allow-random-weights "
             "if that is the intent."
         )

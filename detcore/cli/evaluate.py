@@ -61,7 +61,7 @@ def main(args):
     cfg.merge_from_list(args.opts)
     cfg.freeze()
     if not cfg.MODEL.WEIGHTS:
-        raise SystemExit("test_net: give the checkpoint to evaluate as MODEL.WEIGHTS path/to/model.pth")
+        raise SystemExit("give the checkpoint to evaluate as MODEL.WEIGHTS path/to/model.pth")
     default_setup(cfg, args)
     model = DefaultTrainer.build_model(cfg)
     load_model_weights(model, cfg.MODEL.WEIGHTS, all_ranks=True)
@@ -88,7 +88,7 @@ def _test_exported(args):
     from detcore.export import ExportedDetector, exported_config, load_exported
 
     if not args.exported or args.config_file or args.proposal_recall:
-        raise SystemExit("test_net: give --config-file (a checkpoint's config), or --exported DIR alone (the "
+        raise SystemExit("give --config-file (a checkpoint's config), or --exported DIR alone (the "
                          "export's config is in its export.json; --proposal-recall needs the model's RPN)")
     runner = load_exported(args.exported, args.threads)
     cfg = exported_config(runner.metadata, args.exported, args.opts)

@@ -82,7 +82,7 @@ def main(args):
     cfg.freeze()
     if not cfg.MODEL.WEIGHTS and not args.allow_random_weights:
         raise SystemExit(
-            "export_model: MODEL.WEIGHTS is empty, so the exported model would have random weights. Give the "
+            "MODEL.WEIGHTS is empty, so the exported model would have random weights. Give the "
             "checkpoint (MODEL.WEIGHTS path/to/model_final.pth), or add --allow-random-weights if that is the intent."
         )
     try:  # before the model is built and traced: the format, settings and folder can be refused now
@@ -99,7 +99,7 @@ def main(args):
     if args.sample_image:
         bgr = cv2.imread(args.sample_image, cv2.IMREAD_COLOR)
         if bgr is None:
-            raise SystemExit(f"export_model: cannot read --sample-image {args.sample_image!r} as an image")
+            raise SystemExit(f"cannot read --sample-image {args.sample_image!r} as an image")
         image = bgr[:, :, ::-1] if cfg.INPUT.FORMAT == "RGB" else bgr
         sample, _, _ = resize_for_model(image.copy(), int(cfg.INPUT.MIN_SIZE_TEST), int(cfg.INPUT.MAX_SIZE_TEST))
         if args.input_layout == "CHW":
