@@ -18,7 +18,8 @@ side) samples per bin) in both; mode "avg" averages the bilinear samples as detc
 Ties: ONNX's TopK puts equal values in the order of their position (onnx_ops.py relies on it to
 order batched_nms's kept boxes by decreasing score, ties by lower index, as detcore does); the
 ONNX frontend makes TopK-11 with ``stable`` false, which orders ties arbitrarily, so
-``onnx_to_openvino`` sets every TopK stable: ONNX's semantics, and detcore's order.
+``onnx_to_openvino`` sets every TopK stable whose indices are used: ONNX's semantics, and
+detcore's order (a TopK whose values alone are used gives the same values either way).
 
 The CPU plugin picks its own precision: on CPUs with bfloat16 units (AMX, AVX512-BF16) it runs a
 float32 IR in bfloat16 unless told otherwise. ``compile_openvino`` asks for float32
@@ -98,7 +99,9 @@ def onnx_to_openvino(onnx_program, xml_path: str, transform=None) -> None:
         model = ov.Core().read_model(onnx_path)
     for node in model.get_ordered_ops():
         if node.get_type_name() == "TopK" and "stable" in node.get_attributes():
-            node.set_attribute("stable", True)
+            # The CPU plugin's stable TopK costs about n x k; where the indices are not used,
+            # equal values are interchangeable and the order of ties changes nothing.
+            node.set_attribute("stable", bool(node.output(1).get_target_inputs()))
     if transform is not None:
         model = transform(model)
     ov.save_model(model, xml_path, compress_to_fp16=False)

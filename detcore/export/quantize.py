@@ -9,6 +9,9 @@ size of a batched export).
 
 What is quantized: the convolutions and matrix products (backbone, FPN, RPN head, box and mask
 heads), weights per output channel, activations per tensor, from the calibration's min / max.
+For ONNX the graph is laid out so that onnxruntime fuses each quantized convolution into its int8
+kernel (QLinearConv), or int8 does not pay: weights folded into constants first, uint8
+activations, the quantized outputs reaching GroupNorm (quantize_onnx_file, _float_for_the_rest).
 Everything else stays in float32, because its rounding would move or drop boxes rather than blur
 features: box decoding and clipping, NMS and the top-k before it, ROIAlign / ROIPool and the
 FPN level assignment, the softmax and the score threshold; the mask paste happens outside the
@@ -22,6 +25,7 @@ int8 pays where the CPU has int8 dot-product instructions (AVX512-VNNI, AVX-VNNI
 the runtimes emulate them, and an int8 model may be slower than float32 (``warn_if_int8_emulated``).
 """
 import logging
+from collections import defaultdict
 from typing import Dict, Iterator, List, Optional
 
 import numpy as np
@@ -48,8 +52,12 @@ ONNX_INT8_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 # Operators that may take the int8-rounded tensor onnxruntime shares between an int8 operator and
 # its other consumers (so that its runtime fuses Conv / Relu / Add chains into int8 kernels);
 # every other consumer (reshapes toward box decoding, RoiAlign, the mask logits' gather, softmax)
-# is given the float tensor back (_float_for_the_rest).
-_ONNX_INT8_NEIGHBOURS = ("Relu", "Add", "MaxPool", "Resize")
+# is given the float tensor back (_float_for_the_rest). Shape reads no value. A Reshape that
+# feeds InstanceNormalization is GroupNorm's (torch.onnx writes GN as Reshape, InstanceNormalization,
+# Reshape, Mul, Add): normalizing the rounded convolution output is what a GN model's int8 conv
+# costs, and onnxruntime fuses a convolution into its int8 kernel only where its one consumer is
+# the output's QuantizeLinear.
+_ONNX_INT8_NEIGHBOURS = ("Relu", "Add", "MaxPool", "Resize", "Shape")
 # OpenVINO's names for the same operators: NNCF ignores every other type in the model.
 _OPENVINO_INT8_OPS = ("Convolution", "GroupConvolution", "ConvolutionBackpropData", "MatMul")
 _ORT_HINT = "pip install 'detcore[export]' (or: pip install onnxruntime)"
@@ -197,19 +205,42 @@ def quantize_onnx_file(float_path: str, int8_path: str, inputs: List[np.ndarray]
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     model = onnx.load(float_path)
+    _fold_constant_weights(model)
     excluded = onnx_nodes_of(model, keep_float)
     _check_found(keep_float, excluded)
     input_name = model.graph.input[0].name
     reader = type("CalibrationReader", (_Reader, CalibrationDataReader), {})(input_name, inputs)
-    # Symmetric int8 weights and activations (S8S8), onnxruntime's default for QDQ: U8S8 can
-    # saturate on x86 CPUs without VNNI.
+    # uint8 activations, int8 weights (U8S8): onnxruntime's x86 int8 kernels take uint8 inputs.
+    # With int8 activations (S8S8) its CPU provider converts the QuantizeLinear / DequantizeLinear
+    # pairs to uint8 one by one, leaves some (after MaxPool and ReLU) in int8, and a convolution
+    # whose input and output types then differ stays a float Conv with its weights dequantized on
+    # every run: slower than the float model. U8S8 can saturate on x86 CPUs without VNNI, where
+    # int8 does not pay anyway (warn_if_int8_emulated).
     quantize_static(
-        float_path, int8_path, reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=list(ONNX_INT8_OPS),
-        per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, nodes_to_exclude=excluded,
+        model, int8_path, reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=list(ONNX_INT8_OPS),
+        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, nodes_to_exclude=excluded,
     )
     quantized = onnx.load(int8_path)
     _float_for_the_rest(quantized.graph)
     onnx.save(quantized, int8_path)
+
+
+def _fold_constant_weights(model) -> None:
+    """Compute in place the nodes of ``model`` whose inputs are all constants, whatever their size.
+    detcore's convolutions scale their weights by FrozenBatchNorm's per-channel scale in the graph
+    (layers/conv.py's conv_norm), and torch.onnx folds only small constants: a weight left as a
+    Mul output is an activation to the quantizer (calibrated per tensor, with a zero point)
+    instead of a weight quantized per output channel."""
+    from onnxscript.optimizer import fold_constants
+
+    fold_constants(model, input_size_limit=1 << 62, output_size_limit=1 << 62)
+
+
+def _takes_int8(node, consumers) -> bool:
+    """Whether ``node`` may read the int8-rounded copy of a tensor (see _ONNX_INT8_NEIGHBOURS)."""
+    if node.op_type in ONNX_INT8_OPS + _ONNX_INT8_NEIGHBOURS + ("QuantizeLinear", "DequantizeLinear"):
+        return True
+    return node.op_type == "Reshape" and any(c.op_type == "InstanceNormalization" for c in consumers[node.output[0]])
 
 
 def _float_for_the_rest(graph) -> None:
@@ -219,8 +250,12 @@ def _float_for_the_rest(graph) -> None:
     int8. Consumers outside ONNX_INT8_OPS and _ONNX_INT8_NEIGHBOURS get the float tensor instead;
     QuantizeLinear / DequantizeLinear pairs left without consumers are removed, and their scales."""
     producer = {out: node for node in graph.node for out in node.output}
+    consumers = defaultdict(list)
     for node in graph.node:
-        if node.op_type in ONNX_INT8_OPS + _ONNX_INT8_NEIGHBOURS + ("QuantizeLinear", "DequantizeLinear"):
+        for name in node.input:
+            consumers[name].append(node)
+    for node in graph.node:
+        if _takes_int8(node, consumers):
             continue
         for i, name in enumerate(node.input):
             dequantize = producer.get(name)
@@ -247,6 +282,7 @@ def quantize_openvino_model(ov_model, inputs: List[np.ndarray], keep_float_nodes
     every other operator type ignored, and the operators converted from the ONNX nodes
     ``keep_float_nodes`` (``onnx_nodes_of``) too."""
     nncf = _import_nncf()
+    _fold_openvino_constants(ov_model)
     quantizable = set(_OPENVINO_INT8_OPS)
     ignored_types = sorted({op.get_type_name() for op in ov_model.get_ordered_ops()} - quantizable)
     # OpenVINO's ONNX frontend names an operator after its ONNX node: "node_linear_2", and
@@ -266,6 +302,18 @@ def quantize_openvino_model(ov_model, inputs: List[np.ndarray], keep_float_nodes
         nncf_logger.setLevel(level)
 
 
+def _fold_openvino_constants(ov_model) -> None:
+    """Compute in place the operators of ``ov_model`` whose inputs are all constants: the
+    FrozenBatchNorm scaling of a conv's weight (as in _fold_constant_weights). NNCF quantizes a
+    convolution only if its weight is a constant; it leaves one whose weight is a Multiply in
+    float32, with its input quantized and dequantized for nothing."""
+    from openvino.passes import ConstantFolding, Manager
+
+    manager = Manager()
+    manager.register_pass(ConstantFolding())
+    manager.run_passes(ov_model)
+
+
 def int8_metadata(fmt: str, dataset_name: str, num_used: int, num_asked: int, keep_float: Dict[str, str]) -> dict:
     """export.json's ``int8`` entry."""
     return {
@@ -275,7 +323,7 @@ def int8_metadata(fmt: str, dataset_name: str, num_used: int, num_asked: int, ke
         "calibration_images_asked": num_asked,
         "int8_ops": list(ONNX_INT8_OPS if fmt == "onnx" else _OPENVINO_INT8_OPS),
         "weights": "int8, symmetric, per output channel",
-        "activations": "int8, per tensor, calibration min / max",
+        "activations": ("uint8" if fmt == "onnx" else "int8") + ", per tensor, calibration min / max",
         "float32": "every other operator (box decoding, NMS, ROIAlign, softmax, ...) and "
         + ", ".join(f"{name} ({why})" for name, why in keep_float.items()),
     }

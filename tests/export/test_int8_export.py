@@ -111,12 +111,45 @@ def test_int8_onnx_keeps_nms_roialign_and_the_predictor_in_float(onnx_int8):
     dequantized = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
     quantized_consumers = {n.op_type for n in model.graph.node if set(n.input) & dequantized}
     assert "Conv" in quantized_consumers
-    # NMS, RoiAlign, box decoding, softmax: no int8-rounded tensor reaches them.
-    assert quantized_consumers <= set(int8_quantization.ONNX_INT8_OPS) | {"Relu", "Add", "MaxPool", "Resize"}, (
-        quantized_consumers
-    )
+    # NMS, RoiAlign, box decoding, softmax: no int8-rounded tensor reaches them. Shape reads no
+    # value; GroupNorm's first Reshape (into InstanceNormalization) normalizes a rounded conv output.
+    assert quantized_consumers - {"Reshape"} <= set(int8_quantization.ONNX_INT8_OPS) | {
+        "Relu", "Add", "MaxPool", "Resize", "Shape"}, quantized_consumers
+    consumers = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node.op_type)
+    for node in model.graph.node:
+        if node.op_type == "Reshape" and set(node.input) & dequantized:
+            assert consumers[node.output[0]] == ["InstanceNormalization"], consumers[node.output[0]]
     kept = set(int8_quantization.onnx_nodes_of(model, ["roi_heads.box_predictor.cls_score"]))
     assert kept and not any(set(n.input) & dequantized for n in model.graph.node if n.name in kept)
+
+
+def test_int8_onnx_convolutions_run_in_onnxruntimes_int8_kernel(onnx_int8, tmp_path):
+    """onnxruntime runs a convolution in int8 only where it fuses DequantizeLinear -> Conv ->
+    QuantizeLinear into QLinearConv; a group it cannot fuse stays a float Conv that dequantizes its
+    weights on every run, slower than the float model. Its optimized graph has QLinearConv, and no
+    Conv whose output is only quantized again or normalized by GroupNorm (an unfused group)."""
+    import onnx
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    onnxruntime.InferenceSession(os.path.join(onnx_int8[1], "model.onnx"), options, providers=["CPUExecutionProvider"])
+    graph = onnx.load(options.optimized_model_filepath).graph
+    consumers = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    group_norm = {n.name for n in graph.node if n.op_type == "Reshape" and [
+        c.op_type for c in consumers.get(n.output[0], [])] == ["InstanceNormalization"]}
+    unfused = [n.name for n in graph.node if n.op_type == "Conv" and all(
+        c.op_type in ("QuantizeLinear", "Shape") or c.name in group_norm for c in consumers.get(n.output[0], []))]
+    fused = [n.name for n in graph.node if n.op_type == "QLinearConv"]
+    print(f"{len(fused)} QLinearConv, {len(unfused)} unfused Conv")
+    assert fused and not unfused, unfused
 
 
 def test_int8_openvino_gives_eagers_detections(openvino_int8):
@@ -186,3 +219,70 @@ def test_int8_warns_where_the_cpu_emulates_it(capabilities, warns, monkeypatch, 
     with caplog.at_level(logging.WARNING, logger="detcore.export.quantize"):
         int8_quantization.warn_if_int8_emulated()
     assert ("without AVX512-VNNI, AVX-VNNI or AMX" in caplog.text) == warns
+
+
+def _frozen_batchnorm_conv_onnx(path):
+    """A conv with FrozenBatchNorm as ONNX: the conv scales its weight in the graph
+    (layers/conv.py's conv_norm), a product torch.onnx leaves unfolded at this size. Returns the
+    module, its FrozenBatchNorm2d and calibration inputs."""
+    from detcore.layers import Conv2d, FrozenBatchNorm2d
+
+    torch.manual_seed(0)
+    norm = FrozenBatchNorm2d(64)
+    norm.weight.uniform_(0.5, 2.0)
+    norm.running_var.uniform_(0.5, 2.0)
+    model = torch.nn.Sequential(Conv2d(64, 64, 3, padding=1, bias=False, norm=norm), torch.nn.ReLU()).eval()
+    image = torch.rand(1, 64, 16, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (image,), path, dynamo=True, input_names=["x"])
+    return model, norm, [image.numpy(), 2 * image.numpy()]
+
+
+def test_int8_onnx_quantizes_frozen_batchnorm_convs_weights_per_channel(tmp_path):
+    """quantize_onnx_file folds a FrozenBatchNorm conv's weight product, so the weight is
+    quantized as a weight (int8 constant, a scale per output channel, zero point 0), not
+    calibrated per tensor as an activation."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    import onnx
+    from onnx import numpy_helper
+
+    float_path, int8_path = str(tmp_path / "float.onnx"), str(tmp_path / "int8.onnx")
+    model, norm, inputs = _frozen_batchnorm_conv_onnx(float_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        int8_quantization.quantize_onnx_file(float_path, int8_path, inputs, [])
+    graph = onnx.load(int8_path).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    initializers = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    (conv,) = [n for n in graph.node if n.op_type == "Conv"]
+    dequantize = producer[conv.input[1]]
+    assert dequantize.op_type == "DequantizeLinear" and dequantize.input[0] in initializers, dequantize
+    weight, scale, zero_point = (initializers[name] for name in dequantize.input)
+    assert weight.dtype == np.int8 and scale.shape == (64,) and not zero_point.any()
+    with torch.no_grad():
+        folded = (model[0].weight * norm.scale_and_shift()[0][:, None, None, None]).numpy()
+    np.testing.assert_allclose(weight * scale[:, None, None, None], folded, atol=float(scale.max()))
+
+
+def test_int8_openvino_quantizes_frozen_batchnorm_convs(tmp_path):
+    """NNCF quantizes a convolution only if its weight is a constant: quantize_openvino_model
+    folds the FrozenBatchNorm product first, so the conv's weight comes from an int8 constant (or
+    a FakeQuantize), not from a float Multiply."""
+    pytest.importorskip("onnxscript")
+    ov = pytest.importorskip("openvino")
+    pytest.importorskip("nncf")
+    path = str(tmp_path / "float.onnx")
+    _, _, inputs = _frozen_batchnorm_conv_onnx(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantized = int8_quantization.quantize_openvino_model(ov.Core().read_model(path), inputs, [])
+    (conv,) = [op for op in quantized.get_ordered_ops() if op.get_type_name() == "Convolution"]
+    weight_path, node = [], conv.input_value(1).get_node()
+    while True:
+        weight_path.append(f"{node.get_type_name()}:{node.get_output_element_type(0).get_type_name()}")
+        if node.get_type_name() in ("Constant", "FakeQuantize") or node.get_input_size() == 0:
+            break
+        node = node.input_value(0).get_node()
+    assert weight_path[-1] in ("Constant:i8", "FakeQuantize:f32"), weight_path

@@ -165,3 +165,27 @@ def test_conversion_sends_no_telemetry(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "relu.bin").exists()
+
+
+def test_only_topks_whose_indices_are_used_are_stable(tmp_path):
+    """ONNX orders a TopK's ties by position, the CPU plugin only when ``stable`` (and then at
+    about n x k cost). batched_nms's sort of its kept indices uses the values alone, where the
+    order of equal values changes nothing: onnx_to_openvino leaves that one unstable, and makes
+    every TopK whose indices are used stable (the tie-heavy equality test above holds them)."""
+    ov = detcore.export.openvino_format.import_openvino()
+    n, k = torch.export.Dim("n"), torch.export.Dim("k")
+    h, w = torch.export.Dim("h"), torch.export.Dim("w")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = detcore.export.export_onnx(
+            Ops(True, 0), _inputs(50, 6, seed=0), dynamic_shapes=({0: n}, {0: n}, {0: n}, {2: h, 3: w}, {0: k}),
+            verbose=False,
+        )
+    path = str(tmp_path / "ops.xml")
+    onnx_to_openvino(program, path)
+    model = ov.Core().read_model(path)  # held: the ops' consumers go with the model
+    topks = [op for op in model.get_ordered_ops() if op.get_type_name() == "TopK"]
+    stable = {bool(op.output(1).get_target_inputs()): set() for op in topks}
+    for op in topks:
+        stable[bool(op.output(1).get_target_inputs())].add(op.get_attributes()["stable"])
+    assert stable == {True: {True}, False: {False}}, stable
