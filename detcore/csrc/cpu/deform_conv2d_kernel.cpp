@@ -529,7 +529,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   auto grad_offset = at::zeros_like(offset, at::MemoryFormat::Contiguous);
   auto grad_mask = has_mask ? at::zeros_like(*mask, at::MemoryFormat::Contiguous)
                             : at::zeros({0}, input.options());
-  auto grad_bias = grad.sum({0, 2, 3});
+  auto grad_bias = grad.sum(at::IntArrayRef{0, 2, 3});
   if (grad.numel() == 0 || input.numel() == 0) {
     return {grad_input, grad_weight, grad_offset, grad_mask, grad_bias};
   }

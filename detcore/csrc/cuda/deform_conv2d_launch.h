@@ -163,7 +163,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_ba
   }
   const auto dtype = input.scalar_type();
   return {grad_input.to(dtype), grad_w.view(weight.sizes()).to(dtype), grad_offset.to(dtype),
-          grad_mask.to(dtype), grad_a.sum({0, 3}).reshape({out_channels}).to(dtype)};
+          grad_mask.to(dtype), grad_a.sum(at::IntArrayRef{0, 3}).reshape({out_channels}).to(dtype)};
 }
 
 // The columns [N, C * K, P] of every image (type A): the forward's im2col, for tests.

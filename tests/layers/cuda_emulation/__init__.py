@@ -33,8 +33,9 @@ SOURCES = [
 # host and saturates on the GPU; device code converts through float_to_int.h, and any raw
 # conversion left that overflows stops the process with a report (no recovery: it cannot pass).
 CAST_CHECK = ["-fsanitize=float-cast-overflow", "-fno-sanitize-recover=float-cast-overflow"]
-FLAGS = ["-O2", "-ffp-contract=off", *CAST_CHECK]
-TSAN_FLAGS = ["-O1", "-g", "-ffp-contract=off", "-fsanitize=thread", *CAST_CHECK]
+# -std=c++20 (std::atomic_ref) after torch's own: older torch builds extensions as C++17.
+FLAGS = ["-std=c++20", "-O2", "-ffp-contract=off", *CAST_CHECK]
+TSAN_FLAGS = ["-std=c++20", "-O1", "-g", "-ffp-contract=off", "-fsanitize=thread", *CAST_CHECK]
 
 
 def tsan_requested():
