@@ -3,6 +3,9 @@ ran with value checks on (detcore/layers/value_checks.py), and, on a GPU, the ho
 caused (torch.cuda.set_sync_debug_mode). Used by tests/layers/test_value_checks.py and
 tests/modeling/test_model_value_checks.py."""
 import contextlib
+import os
+import sys
+import tempfile
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -67,11 +70,42 @@ class DetcoreOpRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class NativeWarnings:
+    """Counts the sync warnings that C++ writes to stderr (file descriptor 2) during `capture()`
+    blocks, and passes the text on. Older torch (2.11, the GPU machine's) calls torch.ops.* with no
+    Python warning handler (pytorch/pytorch#193451 added it), so a sync inside an op called that way
+    goes to C++'s default handler, stderr, instead of Python's warnings."""
+
+    def __init__(self):
+        self.count = 0
+        self._file = tempfile.TemporaryFile()
+
+    @contextlib.contextmanager
+    def capture(self):
+        sys.stderr.flush()
+        saved = os.dup(2)
+        start = self._file.seek(0, os.SEEK_END)
+        os.dup2(self._file.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            self._file.seek(start)
+            text = self._file.read()
+            self.count += text.count(SYNC_WARNING.encode())
+            os.write(2, text)
+
+    def close(self):
+        self._file.close()
+
+
 class SyncCounter(TorchDispatchMode):
     """Attributes the host syncs that sync debug mode "warn" reports to the ops that caused them:
     `by_op[name]` and each detcore OpCall's `syncs`. A C++ warning reaches Python when its op
-    returns, so the forward's are attributed exactly; the autograd engine replays a backward's
-    warnings only after the whole pass, so those are counted (`syncs()`) but not attributed.
+    returns (or stderr, NativeWarnings, on older torch), so the forward's are attributed exactly;
+    the autograd engine replays a backward's warnings only after the whole pass, so those are
+    counted (`syncs()`) but not attributed.
     A detcore op on the unchecked path, but nms / batched_nms, runs with the mode at "error":
     a sync inside it raises there, in the forward or the backward, naming the op (`failures`).
 
@@ -82,12 +116,13 @@ class SyncCounter(TorchDispatchMode):
         self.log = log
         self.set_mode = set_mode
         self.namespace = namespace
+        self.native = NativeWarnings()
         self.by_op: Counter = Counter()
         self.calls: List[OpCall] = []
         self.failures: List[str] = []
 
     def syncs(self) -> int:
-        return sum(SYNC_WARNING in str(w.message) for w in self.log)
+        return sum(SYNC_WARNING in str(w.message) for w in self.log) + self.native.count
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         call = _op_call(func, args) if func.namespace == self.namespace else None
@@ -96,7 +131,8 @@ class SyncCounter(TorchDispatchMode):
         if strict:
             self.set_mode("error")
         try:
-            out = func(*args, **(kwargs or {}))
+            with self.native.capture():
+                out = func(*args, **(kwargs or {}))
         except RuntimeError as e:
             if strict and "synchronizing CUDA operation" in str(e):
                 self.failures.append(f"{self.namespace}.{call.op} (value checks off) synchronized with the host")
@@ -120,9 +156,11 @@ def count_syncs(set_mode=None, namespace="detcore"):
     set_mode = set_mode or torch.cuda.set_sync_debug_mode
     with warnings.catch_warnings(record=True) as log:
         warnings.simplefilter("always")
+        counter = SyncCounter(log, set_mode, namespace)
         set_mode("warn")
         try:
-            with SyncCounter(log, set_mode, namespace) as counter:
+            with counter:
                 yield counter
         finally:
             set_mode("default")
+            counter.native.close()

@@ -6,6 +6,7 @@ tests/layers/op_watch.py, exercised with a stand-in op (the GPU tests count real
 The CUDA kernels' guards for the values the checks would refuse are tested under the CUDA
 emulation (test_cuda_emulation_unchecked.py), the syncs on a GPU in tests/layers/test_ops_cuda.py
 and tests/modeling/test_model_value_checks.py."""
+import os
 import threading
 import warnings
 
@@ -160,6 +161,21 @@ def _touch(x: torch.Tensor, syncs: int) -> torch.Tensor:
             raise RuntimeError("called a synchronizing CUDA operation")
         warnings.warn(SYNC_WARNING)
     return x.clone()
+
+
+@torch.library.custom_op("detcore_sync_probe::touch_native", mutates_args=())
+def _touch_native(x: torch.Tensor) -> torch.Tensor:
+    """Syncs once as older torch reports it from inside torch.ops.*: C++'s default handler's line
+    on stderr (file descriptor 2), no Python warning."""
+    os.write(2, f"[W1128 CUDAFunctions.cpp:162] Warning: {SYNC_WARNING} (function x)\n".encode())
+    return x.clone()
+
+
+def test_the_sync_counter_sees_syncs_reported_on_stderr():
+    with count_syncs(_set_mode) as counter:
+        _touch_native(torch.ones(3))
+        assert counter.syncs() == 1
+    assert counter.by_op == {"detcore_sync_probe::touch_native": 1}
 
 
 def test_the_sync_counter_attributes_syncs_and_stops_a_strict_op():
