@@ -121,3 +121,15 @@ def test_only_selects_cases_by_any_of_several_texts():
     both = names("nms N=1000,roi_pool")
     assert both == names("nms N=1000") + names("roi_pool") and len(both) == 3
     assert all("roi_align" not in n for n in both)
+
+
+def test_roi_pool_gradients_must_be_equal_on_the_cpu():
+    """On the CPU both libraries' ROIPool gradients are the same sums in the same order: a 1e-7
+    difference is a disagreement (only a GPU's atomics excuse one)."""
+    import torch
+    import benchmark_ops
+
+    out, grad = torch.ones(3), torch.full((4,), 0.5)
+    assert benchmark_ops._roi_pool_agree((out, grad), (out.clone(), grad.clone())) == "yes"
+    assert benchmark_ops._roi_pool_agree((out, grad), (out, grad + 1e-7)).startswith("NO")
+    assert benchmark_ops._roi_pool_agree(out, out + 1e-7).startswith("NO")
