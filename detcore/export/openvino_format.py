@@ -17,9 +17,9 @@ side) samples per bin) in both; mode "avg" averages the bilinear samples as detc
 
 Ties: ONNX's TopK puts equal values in the order of their position (onnx_ops.py relies on it to
 order batched_nms's kept boxes by decreasing score, ties by lower index, as detcore does); the
-ONNX frontend makes TopK-11 with ``stable`` false, which orders ties arbitrarily, so
-``onnx_to_openvino`` sets every TopK stable whose indices are used: ONNX's semantics, and
-detcore's order (a TopK whose values alone are used gives the same values either way).
+ONNX frontend makes TopK-11 with ``stable`` false, which orders ties arbitrarily, and the CPU
+plugin's stable TopK is slow, so ``onnx_to_openvino`` rewrites each TopK whose indices are used
+into unstable TopKs that give ONNX's order (openvino_topk.py).
 
 The CPU plugin picks its own precision: on CPUs with bfloat16 units (AMX, AVX512-BF16) it runs a
 float32 IR in bfloat16 unless told otherwise. ``compile_openvino`` asks for float32
@@ -34,6 +34,8 @@ import os
 import sys
 import tempfile
 from typing import Optional
+
+from .openvino_topk import replace_stable_topks
 
 __all__ = ["INSTALL_HINT", "compile_openvino", "import_openvino", "onnx_to_openvino", "openvino_version"]
 
@@ -97,11 +99,7 @@ def onnx_to_openvino(onnx_program, xml_path: str, transform=None) -> None:
         # The runtime's ONNX frontend, not ov.convert_model: the same conversion, without
         # convert_model's usage reports (openvino-telemetry, see import_openvino).
         model = ov.Core().read_model(onnx_path)
-    for node in model.get_ordered_ops():
-        if node.get_type_name() == "TopK" and "stable" in node.get_attributes():
-            # The CPU plugin's stable TopK costs about n x k; where the indices are not used,
-            # equal values are interchangeable and the order of ties changes nothing.
-            node.set_attribute("stable", bool(node.output(1).get_target_inputs()))
+    replace_stable_topks(model)
     if transform is not None:
         model = transform(model)
     ov.save_model(model, xml_path, compress_to_fp16=False)

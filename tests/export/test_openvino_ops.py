@@ -167,11 +167,11 @@ def test_conversion_sends_no_telemetry(tmp_path):
     assert (tmp_path / "relu.bin").exists()
 
 
-def test_only_topks_whose_indices_are_used_are_stable(tmp_path):
-    """ONNX orders a TopK's ties by position, the CPU plugin only when ``stable`` (and then at
-    about n x k cost). batched_nms's sort of its kept indices uses the values alone, where the
-    order of equal values changes nothing: onnx_to_openvino leaves that one unstable, and makes
-    every TopK whose indices are used stable (the tie-heavy equality test above holds them)."""
+def test_no_topk_is_left_stable(tmp_path):
+    """ONNX orders a TopK's ties by position, the CPU plugin only when ``stable``, at about n x k
+    cost. onnx_to_openvino rewrites every TopK whose indices are used into unstable ones
+    (openvino_topk.py; the tie-heavy equality test above holds the order), and leaves the
+    others unstable: no stable TopK remains in detcore's ops."""
     ov = detcore.export.openvino_format.import_openvino()
     n, k = torch.export.Dim("n"), torch.export.Dim("k")
     h, w = torch.export.Dim("h"), torch.export.Dim("w")
@@ -185,7 +185,4 @@ def test_only_topks_whose_indices_are_used_are_stable(tmp_path):
     onnx_to_openvino(program, path)
     model = ov.Core().read_model(path)  # held: the ops' consumers go with the model
     topks = [op for op in model.get_ordered_ops() if op.get_type_name() == "TopK"]
-    stable = {bool(op.output(1).get_target_inputs()): set() for op in topks}
-    for op in topks:
-        stable[bool(op.output(1).get_target_inputs())].add(op.get_attributes()["stable"])
-    assert stable == {True: {True}, False: {False}}, stable
+    assert topks and not any(op.get_attributes()["stable"] for op in topks)
