@@ -1,17 +1,30 @@
 #!/usr/bin/env python
-"""Latency of a detector run eagerly, as torch.export's ExportedProgram, as TorchScript, and as
-ONNX in onnxruntime, on the CPU, in one process.
+"""The deploy table: Mask R-CNN on the CPU by every route a user takes, in one run.
 
-The four run the same graph (detcore.export.ExportableDetector: one uint8 image in, boxes,
-scores, classes and mask probabilities out) with the same random weights on the same image,
-interleaved repeat by repeat so that a change of machine load hits all four alike; the median of
-the repeats after a warm-up is reported, with each one's time relative to eager. The score
-threshold is 0 and DETECTIONS_PER_IMAGE 100, so every run carries the full 100 detections
-through the mask head whatever the random weights score.
+Rows (deploy_rows.py): torchvision's eager model (the anchor) and its ONNX export in onnxruntime;
+detcore eager in float32 and bfloat16; detcore's ExportedProgram, TorchScript, ONNX in
+onnxruntime (float32, int8) and OpenVINO IR (float32, int8), each made by ``export_model`` as
+users make them. Columns:
 
-    python benchmarks/benchmark_export.py                # R-50-FPN Mask R-CNN at 800x1333 (minutes)
-    python benchmarks/benchmark_export.py --quick        # the shapes R-18 model on a small image
-    python benchmarks/benchmark_export.py --config-file X --size 800 1067 [KEY VALUE ...]
+- latency: one image, median of the repeats after a warm-up, every row's calls interleaved
+  repeat by repeat so that a change of machine load hits them alike; also as a ratio to
+  torchvision's eager time and to its onnxruntime time;
+- throughput: images per second over a batch of ``--batch`` images (the eager models take them in
+  one call, the exported single-image graphs one after another), interleaved likewise;
+- peak memory: the peak resident set of a worker process that loads that row alone and runs one
+  image (Python, torch and the libraries imported before, counted from a restart of the peak
+  after the imports), and its growth over the RSS before the row was loaded ("+ MB");
+- box / mask AP on shapes_val of the shapes R-18 model through that same runtime (with
+  ``--shapes-weights``, the checkpoint the main job trains; deploy_accuracy.py).
+
+The timed model has random seeded weights and score threshold 0, so every row carries 100
+detections through the mask head (the table lists them). int8 rows are calibrated on
+``--calibration-images`` images of shapes_train.
+
+    python benchmarks/benchmark_export.py                    # R-50-FPN at 800x1333 (tens of minutes)
+    python benchmarks/benchmark_export.py --shapes-weights output/e2e_mask_rcnn_R_18_FPN_shapes/model_final.pth
+    python benchmarks/benchmark_export.py --quick            # the shapes R-18 model on a small image
+    python benchmarks/benchmark_export.py --rows eager onnxruntime openvino_int8
 
 Results are printed as a table and saved to benchmark_results/export_cpu.json.
 """
@@ -26,15 +39,15 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))  # the timing helper beside this script
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))  # the helpers beside this script
 
-import detcore.export  # noqa: E402
-from detcore.config import get_cfg  # noqa: E402
-from detcore.export import ExportableDetector, script_exported_program, trace_detector  # noqa: E402
-from detcore.modeling import build_model  # noqa: E402
 from detcore.utils import strict_json  # noqa: E402
 from detcore.utils.collect_env import cpu_name  # noqa: E402
+import benchmark_worker  # noqa: E402
+import deploy_rows  # noqa: E402
 from benchmark_timing import interleaved, median, timed_ms  # noqa: E402
+
+CALIBRATION_DATASET = "shapes_train"
 
 
 def parse_args(argv=None):
@@ -42,13 +55,23 @@ def parse_args(argv=None):
     parser.add_argument("--config-file", default=os.path.join(ROOT, "configs", "e2e_mask_rcnn_R_50_FPN_1x.yaml"))
     parser.add_argument("--size", type=int, nargs=2, default=[800, 1333], metavar=("H", "W"), help="input image size")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=4, help="images of the throughput column")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", nargs="+", choices=deploy_rows.ROWS, default=list(deploy_rows.ROWS))
+    parser.add_argument("--calibration-images", type=int, default=16, help="int8 calibration images (shapes_train)")
+    parser.add_argument("--shapes-weights", metavar="PATH", help="a trained shapes R-18 checkpoint: the AP columns")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory workers")
     parser.add_argument("--quick", action="store_true", help="the shapes R-18 model, a 256x320 image, 2 repeats")
     parser.add_argument("--output", default=os.path.join(ROOT, "benchmark_results", "export_cpu.json"))
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)  # the worker's: where prepare wrote the rows
     parser.add_argument("opts", nargs=argparse.REMAINDER, default=[], help="KEY VALUE config overrides")
     args = parser.parse_args(argv)
     if args.quick:
         args.config_file = os.path.join(ROOT, "configs", "e2e_mask_rcnn_R_18_FPN_shapes.yaml")
-        args.size, args.repeats = [256, 320], 2
+        args.size, args.repeats, args.calibration_images = [256, 320], 2, 2
+    if args.repeats < 1 or args.batch < 1 or args.threads < 1 or args.calibration_images < 1:
+        parser.error("--repeats, --batch, --threads and --calibration-images must be >= 1")
     return args
 
 
@@ -64,58 +87,132 @@ def _image(h, w):
         return torch.randint(0, 256, (3, h, w), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
 
 
+def measure_times(folder, rows, image, args):
+    """{row: latency_ms, throughput (images / s), detections} with every row loaded here."""
+    runners = {row: deploy_rows.load(folder, row, args.threads) for row in rows}
+    images = [image] * args.batch
+    counts = {row: deploy_rows.detections(runner.one(image)) for row, runner in runners.items()}  # and warm-up
+    with torch.no_grad():
+        one = interleaved({row: (lambda r=runner: r.one(image)) for row, runner in runners.items()}, args.repeats)
+        for runner in runners.values():
+            runner.batch(images)  # warm-up of the batched forms
+        many = interleaved({row: (lambda r=runner: r.batch(images)) for row, runner in runners.items()},
+                           max(1, args.repeats // 2))
+    return {
+        row: {
+            "latency_ms": median(one[row]),
+            "throughput_images_per_s": args.batch / (median(many[row]) / 1000),
+            "detections": counts[row],
+        }
+        for row in rows
+    }
+
+
+def _status_mb(key):
+    """VmRSS / VmHWM (the peak) of this process, from /proc/self/status, in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024  # kB
+    raise KeyError(key)
+
+
+def serve_memory(folder, threads):
+    """The worker: for {"row": ROW}, that row loaded alone and one image run. The peak RSS is
+    restarted first (Linux: /proc/self/clear_refs), so the imports' own peak is not counted."""
+
+    def handle(request):
+        image = torch.load(os.path.join(folder, "image.pt"))
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = _status_mb("VmRSS")
+        runner = deploy_rows.load(folder, request["row"], threads)
+        with torch.no_grad():
+            runner.one(image)
+        peak = _status_mb("VmHWM")
+        return {"peak_memory_mb": peak, "memory_growth_mb": peak - before}
+
+    benchmark_worker.serve(handle)
+
+
+def measure_memory(folder, rows, args):
+    results = {}
+    for row in rows:  # one at a time: several at once would share the machine's memory bandwidth only
+        worker = benchmark_worker.Worker(
+            os.path.abspath(__file__), ["--folder", folder, "--threads", str(args.threads)],
+            what=f"the {row} memory worker", cwd=ROOT,
+        )
+        try:
+            results[row] = worker.call({"row": row})
+        finally:
+            worker.close()
+    return results
+
+
+def print_table(record):
+    rows = record["rows"]
+    anchor = rows.get("torchvision_eager", {}).get("latency_ms")
+    tv_onnx = rows.get("torchvision_onnxruntime", {}).get("latency_ms")
+    columns = [("1 image ms", 11, ".0f"), ("/ tv eager", 11, ".2f"), ("/ tv ORT", 10, ".2f"),
+               (f"img/s @{record['batch']}", 10, ".2f"), ("peak MB", 9, ".0f"), ("+ MB", 7, ".0f"),
+               ("box AP", 8, ".1f"), ("mask AP", 8, ".1f"), ("dets", 6, "d")]
+    print(f"{'':<42}" + "".join(f"{name:>{width}}" for name, width, _ in columns))
+    for row, r in rows.items():
+        ms = r["latency_ms"]
+        values = [ms, anchor and ms / anchor, tv_onnx and ms / tv_onnx, r["throughput_images_per_s"],
+                  r.get("peak_memory_mb"), r.get("memory_growth_mb"), r.get("box_ap"), r.get("mask_ap"), r["detections"]]
+        cells = [format(v, spec) if v is not None else "-" for v, (_, _, spec) in zip(values, columns)]
+        print(f"{deploy_rows.LABELS[row]:<42}" + "".join(f"{c:>{w}}" for c, (_, w, _) in zip(cells, columns)))
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.worker:
+        return serve_memory(args.folder, args.threads)
+    torch.manual_seed(0)
+    from detcore.modeling import build_model
+
+    cfg = deploy_rows.detcore_config(args.config_file, args.opts)
+    model = build_model(cfg).eval()
+    image = _image(*args.size)
+    load_before = os.getloadavg()
+    calibration = (CALIBRATION_DATASET, args.calibration_images)
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="detcore_deploy_") as folder:
+        warnings.simplefilter("ignore")
+        _, prepare_ms = timed_ms(lambda: deploy_rows.prepare(folder, args.rows, cfg, model, image, calibration))
+        rows = measure_times(folder, args.rows, image, args)
+        if not args.no_memory:
+            for row, memory in measure_memory(folder, args.rows, args).items():
+                rows[row].update(memory)
+        if args.shapes_weights:
+            from deploy_accuracy import shapes_ap
+
+            accuracy = shapes_ap(args.shapes_weights, args.rows, os.path.join(folder, "shapes"), args.threads, (CALIBRATION_DATASET, 100))
+            for row, ap in accuracy.items():
+                rows[row].update(ap)
     import onnxruntime
 
-    cfg = get_cfg()
-    cfg.merge_from_file(args.config_file)
-    cfg.merge_from_list(["MODEL.DEVICE", "cpu", "MODEL.ROI_HEADS.SCORE_THRESH_TEST", 0.0, "TEST.DETECTIONS_PER_IMAGE", 100])
-    cfg.merge_from_list(args.opts)
-    torch.manual_seed(0)
-    detector = ExportableDetector(build_model(cfg))
-    image = _image(*args.size)
-    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp:
-        warnings.simplefilter("ignore")
-        program, export_ms = timed_ms(lambda: trace_detector(detector, image))
-        onnx_path = os.path.join(tmp, "model.onnx")
-        # As export_model writes it.
-        _, onnx_ms = timed_ms(lambda: detcore.export.program_to_onnx(program, (image,)).save(onnx_path))
-        scripted, script_ms = timed_ms(lambda: script_exported_program(program))
-        export_s, onnx_s, script_s = export_ms / 1000, onnx_ms / 1000, script_ms / 1000
-        session = onnxruntime.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
-    exported = program.module()
-    runners = {
-        "eager": lambda: detector(image),
-        "exported_program": lambda: exported(image),
-        "torchscript": lambda: scripted(image),
-        "onnxruntime": lambda: session.run(None, {session.get_inputs()[0].name: image.numpy()}),
-    }
-    counts = {name: int(len(run()[0])) for name, run in runners.items()}  # also the warm-up
-    with torch.no_grad():
-        times = interleaved(runners, args.repeats)
-    medians = {name: median(t) for name, t in times.items()}
-    print(f"{os.path.basename(args.config_file)} at {args.size[0]}x{args.size[1]}, {torch.get_num_threads()} torch threads, "
-          f"{args.repeats} repeats; export {export_s:.0f} s, ONNX conversion {onnx_s:.0f} s, "
-          f"TorchScript conversion {script_s:.1f} s")
-    print(f"{'runtime':<18}{'median ms':>12}{'/ eager':>10}{'detections':>12}")
-    for name, ms in medians.items():
-        print(f"{name:<18}{ms:>12.1f}{ms / medians['eager']:>10.2f}{counts[name]:>12}")
     record = {
         "config": os.path.relpath(args.config_file, ROOT),
         "size": args.size,
         "repeats": args.repeats,
-        "median_ms": medians,
-        "relative_to_eager": {k: v / medians["eager"] for k, v in medians.items()},
-        "detections": counts,
-        "export_seconds": export_s,
-        "onnx_conversion_seconds": onnx_s,
-        "torchscript_conversion_seconds": script_s,
-        "torch_threads": torch.get_num_threads(),
+        "batch": args.batch,
+        "threads": args.threads,
+        "calibration": {"dataset": CALIBRATION_DATASET, "images": args.calibration_images},
+        "shapes_weights": args.shapes_weights,
+        "rows": rows,
+        "latency_relative_to_torchvision_eager": (
+            {row: r["latency_ms"] / rows["torchvision_eager"]["latency_ms"] for row, r in rows.items()}
+            if "torchvision_eager" in rows else None
+        ),
+        "prepare_seconds": prepare_ms / 1000,
         "cpu": cpu_name(),
-        "load_average": list(os.getloadavg()),
+        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
         "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "python": platform.python_version()},
     }
+    print(f"{os.path.basename(args.config_file)} at {args.size[0]}x{args.size[1]}, {args.threads} threads, "
+          f"{args.repeats} repeats, load average {load_before[0]:.1f} -> {record['load_average']['after'][0]:.1f}")
+    print_table(record)
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w") as f:
         f.write(strict_json.dumps(record, indent=2))
