@@ -86,6 +86,11 @@ def _extension():
     sources += sorted(glob.glob(os.path.join(CSRC, "autograd", "*.cpp")))
     cxx = list(build_config.CXX_FLAGS)
     link = list(build_config.LINK_FLAGS)
+    if sys.platform.startswith("linux"):
+        runtimes = build_config.runtime_link_flags(os.environ.get("CXX", "c++"))
+        if runtimes:
+            print(f"detcore: this compiler would link its runtimes statically; linking {' '.join(runtimes)} instead")
+        link += runtimes
     macros = []
     if _want_cuda():
         sources += sorted(glob.glob(os.path.join(CSRC, "cuda", "*.cu")))

@@ -131,3 +131,40 @@ def ptx_arch(gencode_flags):
     gives 90), or 0 if it embeds none: the build then runs only on its SASS archs."""
     found = [int(n) for flag in gencode_flags for n in re.findall(r"code=\[?compute_(\d+)", flag)]
     return max(found, default=0)
+
+
+# The runtimes the extension must share with torch, which has loaded their shared libraries: the
+# linker's name for each (what -lNAME finds) and the file torch loaded.
+SHARED_RUNTIMES = {"libstdc++.so": "libstdc++.so.6", "libgomp.so": "libgomp.so.1"}
+
+
+def runtime_link_flags(compiler, run=subprocess.run):
+    """``-l:FILE`` for each runtime of SHARED_RUNTIMES that ``compiler`` would link statically.
+
+    A toolchain whose ``libstdc++.so`` (the linker's name, a link to ``libstdc++.so.6``) dangles
+    makes the linker take ``libstdc++.a`` from the same folder without a word (seen with a
+    compiler copied into another prefix, its relative links left pointing nowhere). The extension
+    then carries a second C++ runtime beside the one torch loaded, and the two share some locale
+    state and not the rest: formatting a number into an error message reads the wrong facet,
+    which truncates the message or crashes the process. Naming the shared file makes the linker
+    take it. The folders are searched as the linker searches them: the compiler's library folders
+    in order, the first holding the runtime (shared, dangling or archive) decides."""
+    try:
+        found = run([compiler, "-print-search-dirs"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return []  # no such compiler here: the build will say so itself
+    folders = []
+    for line in found.stdout.splitlines():
+        if line.startswith("libraries:"):
+            folders = [f for f in line.split("=", 1)[-1].split(os.pathsep) if f]
+    flags = []
+    for name, shared in SHARED_RUNTIMES.items():
+        archive = name[: -len(".so")] + ".a"
+        for folder in folders:
+            link, static = os.path.join(folder, name), os.path.join(folder, archive)
+            if os.path.exists(link):
+                break  # a shared runtime (or a linker script naming one): what torch has
+            if os.path.lexists(link) or os.path.exists(static):
+                flags.append(f"-l:{shared}")
+                break
+    return flags

@@ -76,3 +76,25 @@ def test_import_detcore_works_without_the_extension():
     assert done.returncode == 0, done.stderr[-3000:]
     assert "REFUSED: detcore's compiled extension detcore._C is not built" in done.stdout
     assert "pip install --no-build-isolation -e ." in done.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the ELF dynamic section (Linux)")
+def test_the_extension_shares_torchs_cpp_runtime():
+    """detcore._C needs libstdc++.so.6, the C++ runtime torch loaded: a copy linked in statically
+    (a toolchain with a dangling libstdc++.so, detcore/utils/build_config.py) mixes two runtimes'
+    locale state, and an error message with a number in it comes out cut short or crashes."""
+    import shutil
+
+    if not _extension.is_available():
+        pytest.skip("detcore._C is not built")
+    if shutil.which("readelf") is None:
+        pytest.skip("needs readelf (binutils)")
+    import detcore._C
+
+    dynamic = subprocess.run(["readelf", "-d", detcore._C.__file__], capture_output=True, text=True, check=True).stdout
+    assert "[libstdc++.so.6]" in dynamic, dynamic
+    from detcore.layers import roi_align
+    import torch
+
+    with pytest.raises(ValueError, match=r"got values in \[2, 2\]"):  # numbers formatted whole
+        roi_align(torch.zeros(2, 1, 4, 4), torch.tensor([[2.0, 0, 0, 1, 1]]), 1)

@@ -193,3 +193,38 @@ def test_gencode_flags_of_an_arch_list():
     assert gencode_flags("7.5;9.0+PTX") == [
         "-gencode=arch=compute_75,code=sm_75", "-gencode=arch=compute_90,code=sm_90",
         "-gencode=arch=compute_90,code=compute_90"]
+
+
+def _compiler_with_libraries(tmp_path, folders):
+    """A fake compiler whose -print-search-dirs lists ``folders`` as its library folders."""
+    return _executable(
+        tmp_path / "bin" / "c++",
+        "#!/bin/sh\necho 'install: /x/'\necho 'libraries: =" + os.pathsep.join(map(str, folders)) + "'\n",
+    )
+
+
+def test_a_dangling_runtime_link_is_linked_by_its_shared_file(tmp_path):
+    """The first library folder holding libstdc++ decides, as for the linker: a dangling
+    libstdc++.so beside libstdc++.a (a copied toolchain) would link it statically."""
+    copied, system = tmp_path / "copied", tmp_path / "system"
+    copied.mkdir(), system.mkdir()
+    os.symlink("../nowhere/libstdc++.so.6", copied / "libstdc++.so")
+    (copied / "libstdc++.a").write_bytes(b"!<arch>\n")
+    (system / "libstdc++.so").write_bytes(b"\x7fELF")  # found later: too late for the linker
+    (system / "libgomp.so").write_text("INPUT ( libgomp.so.1 )\n")  # a linker script is shared
+    compiler = _compiler_with_libraries(tmp_path, [copied, system])
+    assert build_config.runtime_link_flags(compiler) == ["-l:libstdc++.so.6"]
+
+    (copied / "libgomp.a").write_bytes(b"!<arch>\n")  # an archive alone, first: static as well
+    assert build_config.runtime_link_flags(compiler) == ["-l:libstdc++.so.6", "-l:libgomp.so.1"]
+
+
+def test_sound_runtimes_add_no_flag(tmp_path):
+    system = tmp_path / "system"
+    system.mkdir()
+    (system / "libstdc++.so.6").write_bytes(b"\x7fELF")
+    os.symlink("libstdc++.so.6", system / "libstdc++.so")
+    (system / "libstdc++.a").write_bytes(b"!<arch>\n")  # beside a shared one: not taken
+    (system / "libgomp.so").write_text("INPUT ( libgomp.so.1 )\n")
+    assert build_config.runtime_link_flags(_compiler_with_libraries(tmp_path, [system])) == []
+    assert build_config.runtime_link_flags(str(tmp_path / "no-such-compiler")) == []
