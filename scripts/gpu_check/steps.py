@@ -143,6 +143,11 @@ def step_environment(ctx: Context) -> Step:
         return "CUDA" in kernels and want in archs, f"kernels: {kernels or '-'}; archs: {archs or '-'}"
 
     step.parts.append(ctx.run("collect_env", ctx.py("-m", "detcore.utils.collect_env"), 90, ok=env_ok))
+    # The build's linkage: torch's shared C++ runtime, messages formatted whole (a toolchain
+    # copied into another prefix linked libstdc++ statically on the first H200 run).
+    junit = os.path.join(ctx.scratch, "junit_extension.xml")
+    step.parts.append(ctx.run("extension", ctx.py("-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                                                  "tests/layers/test_extension.py"), 120, ok=_pytest_ok(junit, False)))
     # The shapes dataset for step 6 (imports detcore, so only once _C is in place).
     splits = "('shapes_val',)" if ctx.rehearse else "('shapes_train', 'shapes_val')"
     ctx.start("dataset", ctx.py("-c", "from detcore.data import DatasetCatalog\n"
