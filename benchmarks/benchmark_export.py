@@ -89,6 +89,7 @@ def _image(h, w):
 
 def measure_times(folder, rows, image, args):
     """{row: latency_ms, throughput (images / s), detections} with every row loaded here."""
+    print(f"timing: {len(rows)} rows loaded, 1 image x {args.repeats} repeats, then {args.batch} images", flush=True)
     runners = {row: deploy_rows.load(folder, row, args.threads) for row in rows}
     images = [image] * args.batch
     counts = {row: deploy_rows.detections(runner.one(image)) for row, runner in runners.items()}  # and warm-up
@@ -138,6 +139,7 @@ def serve_memory(folder, threads):
 def measure_memory(folder, rows, args):
     results = {}
     for row in rows:  # one at a time: several at once would share the machine's memory bandwidth only
+        print(f"peak memory: {row} ...", flush=True)
         worker = benchmark_worker.Worker(
             os.path.abspath(__file__), ["--folder", folder, "--threads", str(args.threads)],
             what=f"the {row} memory worker", cwd=ROOT,
@@ -179,6 +181,7 @@ def main(argv=None):
     calibration = (CALIBRATION_DATASET, args.calibration_images)
     with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="detcore_deploy_") as folder:
         warnings.simplefilter("ignore")
+        print(f"exporting {len(args.rows)} rows into {folder} ...", flush=True)
         _, prepare_ms = timed_ms(lambda: deploy_rows.prepare(folder, args.rows, cfg, model, image, calibration))
         rows = measure_times(folder, args.rows, image, args)
         if not args.no_memory:
@@ -187,6 +190,7 @@ def main(argv=None):
         if args.shapes_weights:
             from deploy_accuracy import shapes_ap
 
+            print(f"AP on shapes_val of {args.shapes_weights}, row by row ...", flush=True)
             accuracy = shapes_ap(args.shapes_weights, args.rows, os.path.join(folder, "shapes"), args.threads, (CALIBRATION_DATASET, 100))
             for row, ap in accuracy.items():
                 rows[row].update(ap)

@@ -38,6 +38,8 @@ def shapes_ap(weights: str, rows: Iterable[str], folder: str, threads: int,
     model.eval()
     results = {}
     for row in rows:
+        if row in DETCORE_EAGER or row in EXPORTS:
+            print(f"  AP through {row} ...", flush=True)
         if row in DETCORE_EAGER:
             row_cfg = cfg.clone()
             row_cfg.merge_from_list(["TEST.PRECISION", DETCORE_EAGER[row], "OUTPUT_DIR", os.path.join(folder, row)])
