@@ -22,7 +22,7 @@ detections through the mask head (the table lists them). int8 rows are calibrate
 ``--calibration-images`` images of shapes_train.
 
     python benchmarks/benchmark_export.py                    # R-50-FPN at 800x1333 (tens of minutes)
-    python benchmarks/benchmark_export.py --shapes-weights output/e2e_mask_rcnn_R_18_FPN_shapes/model_final.pth
+    python benchmarks/benchmark_export.py --shapes-weights output/shapes_R18/model_final.pth
     python benchmarks/benchmark_export.py --quick            # the shapes R-18 model on a small image
     python benchmarks/benchmark_export.py --rows eager onnxruntime openvino_int8
 
