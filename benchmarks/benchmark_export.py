@@ -29,6 +29,7 @@ detections through the mask head (the table lists them). int8 rows are calibrate
 Results are printed as a table and saved to benchmark_results/export_cpu.json.
 """
 import argparse
+import importlib.metadata
 import os
 import platform
 import sys
@@ -72,6 +73,10 @@ def parse_args(argv=None):
         args.size, args.repeats, args.calibration_images = [256, 320], 2, 2
     if args.repeats < 1 or args.batch < 1 or args.threads < 1 or args.calibration_images < 1:
         parser.error("--repeats, --batch, --threads and --calibration-images must be >= 1")
+    missing = deploy_rows.missing_packages(args.rows)
+    if missing and not args.worker:
+        parser.error(f"the rows {' '.join(args.rows)} need {', '.join(missing)}: pip install {' '.join(missing)}, "
+                     "or leave those rows out (--rows)")
     return args
 
 
@@ -124,14 +129,18 @@ def serve_memory(folder, threads):
 
     def handle(request):
         image = torch.load(os.path.join(folder, "image.pt"))
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            restarted = True
+        except OSError:  # a sandbox without it: the peak then counts the imports too
+            restarted = False
         before = _status_mb("VmRSS")
         runner = deploy_rows.load(folder, request["row"], threads)
         with torch.no_grad():
             runner.one(image)
         peak = _status_mb("VmHWM")
-        return {"peak_memory_mb": peak, "memory_growth_mb": peak - before}
+        return {"peak_memory_mb": peak, "memory_growth_mb": peak - before, "peak_restarted_after_imports": restarted}
 
     benchmark_worker.serve(handle)
 
@@ -194,8 +203,12 @@ def main(argv=None):
             accuracy = shapes_ap(args.shapes_weights, args.rows, os.path.join(folder, "shapes"), args.threads, (CALIBRATION_DATASET, 100))
             for row, ap in accuracy.items():
                 rows[row].update(ap)
-    import onnxruntime
-
+    versions = {"torch": torch.__version__, "python": platform.python_version()}
+    for name in ("torchvision", "onnxruntime", "openvino", "nncf"):
+        try:  # from the installed metadata: importing openvino could report usage (openvino_format.py)
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
     record = {
         "config": os.path.relpath(args.config_file, ROOT),
         "size": args.size,
@@ -212,7 +225,7 @@ def main(argv=None):
         "prepare_seconds": prepare_ms / 1000,
         "cpu": cpu_name(),
         "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
-        "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "python": platform.python_version()},
+        "versions": versions,
     }
     print(f"{os.path.basename(args.config_file)} at {args.size[0]}x{args.size[1]}, {args.threads} threads, "
           f"{args.repeats} repeats, load average {load_before[0]:.1f} -> {record['load_average']['after'][0]:.1f}")

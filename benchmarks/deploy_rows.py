@@ -47,6 +47,23 @@ EXPORTS = {
 }
 DETCORE_EAGER = {"eager": "float32", "eager_bfloat16": "bfloat16"}
 TORCHVISION = ("torchvision_eager", "torchvision_onnxruntime")
+# The Python packages a row needs beyond torch and detcore.
+PACKAGES = {
+    "torchvision_eager": ("torchvision",),
+    "torchvision_onnxruntime": ("torchvision", "onnx", "onnxruntime"),
+    "onnxruntime": ("onnx", "onnxscript", "onnxruntime"),
+    "onnxruntime_int8": ("onnx", "onnxscript", "onnxruntime"),
+    "openvino": ("onnx", "onnxscript", "openvino"),
+    "openvino_int8": ("onnx", "onnxscript", "openvino", "nncf"),
+}
+
+
+def missing_packages(rows) -> List[str]:
+    """The packages ``rows`` need that are not installed, so that a run stops before its exports."""
+    import importlib.util
+
+    needed = sorted({name for row in rows for name in PACKAGES.get(row, ())})
+    return [name for name in needed if importlib.util.find_spec(name) is None]
 
 
 def detcore_config(config_file: str, opts=()):

@@ -33,6 +33,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import warnings
 from typing import Optional
 
 from .openvino_topk import replace_stable_topks
@@ -99,7 +100,11 @@ def onnx_to_openvino(onnx_program, xml_path: str, transform=None) -> None:
         # The runtime's ONNX frontend, not ov.convert_model: the same conversion, without
         # convert_model's usage reports (openvino-telemetry, see import_openvino).
         model = ov.Core().read_model(onnx_path)
-    replace_stable_topks(model)
+    _, left_stable = replace_stable_topks(model)
+    if left_stable:
+        warnings.warn(
+            f"onnx_to_openvino: {left_stable} TopK(s) of this graph keep OpenVINO's stable TopK (about n x k "
+            "on the CPU): their shape, mode or type is not one openvino_topk.py rewrites", stacklevel=2)
     if transform is not None:
         model = transform(model)
     ov.save_model(model, xml_path, compress_to_fp16=False)

@@ -18,7 +18,8 @@ The values are the first sort's (a run's values are all equal). Non-finite value
 neither above nor equal to the threshold, so the rewrite is only for TopKs whose inputs are
 finite or infinite, which detcore's are (scores come through sigmoid / softmax and the -inf fill
 of batched_nms). Only a TopK with mode max, sort by value, and every dimension but its axis 1 is
-rewritten (all of detcore's); any other stays stable, counted in the result.
+rewritten (all of detcore's), on floating-point values; any other stays stable, counted in the
+result.
 """
 from typing import Tuple
 
@@ -50,6 +51,8 @@ def _rewritable(node) -> bool:
     attributes = node.get_attributes()
     shape = node.get_input_partial_shape(0)
     if attributes["mode"] != "max" or attributes["sort"] != "value" or shape.rank.is_dynamic:
+        return False
+    if not node.get_input_element_type(0).is_real():  # the +inf fill below is a float
         return False
     axis = attributes["axis"] % shape.rank.get_length()
     return all(d.is_static and d.get_length() == 1 for i, d in enumerate(shape) if i != axis)

@@ -26,3 +26,17 @@ def test_quick_benchmark_writes_its_table(tmp_path):
         assert r["peak_memory_mb"] > r["memory_growth_mb"] > 0
     assert saved["latency_relative_to_torchvision_eager"]["torchvision_eager"] == 1.0
     assert record["rows"].keys() == rows.keys()
+
+
+def test_rows_whose_packages_are_missing_are_refused_before_any_export(monkeypatch, capsys):
+    import importlib.util
+
+    from benchmarks import benchmark_export, deploy_rows
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real_find_spec(name, *a))
+    assert deploy_rows.missing_packages(["eager", "exported_program"]) == []
+    assert deploy_rows.missing_packages(["eager", "openvino_int8"]) == ["openvino"]
+    with pytest.raises(SystemExit):
+        benchmark_export.parse_args(["--rows", "eager", "openvino"])
+    assert "need openvino: pip install openvino" in capsys.readouterr().err

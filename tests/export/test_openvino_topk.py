@@ -14,12 +14,12 @@ from detcore.export.openvino_format import import_openvino  # noqa: E402
 from detcore.export.openvino_topk import replace_stable_topks  # noqa: E402
 
 
-def _topk_model(rank):
+def _topk_model(rank, dtype=TensorProto.FLOAT):
     """An ONNX graph: TopK(x, k) along the last axis, x of shape [n] or [1, n], k an input."""
     shape = ["n"] if rank == 1 else [1, "n"]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    x = helper.make_tensor_value_info("x", dtype, shape)
     k = helper.make_tensor_value_info("k", TensorProto.INT64, [1])
-    values = helper.make_tensor_value_info("values", TensorProto.FLOAT, None)
+    values = helper.make_tensor_value_info("values", dtype, None)
     indices = helper.make_tensor_value_info("indices", TensorProto.INT64, None)
     node = helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=-1, largest=1, sorted=1)
     graph = helper.make_graph([node], "topk", [x, k], [values, indices])
@@ -27,10 +27,10 @@ def _topk_model(rank):
     return model.SerializeToString()
 
 
-def _compiled(rank, rewrite):
+def _compiled(rank, rewrite, dtype=TensorProto.FLOAT):
     ov = import_openvino()
     core = ov.Core()
-    model = core.read_model(_topk_model(rank), b"")
+    model = core.read_model(_topk_model(rank, dtype), b"")
     counts = replace_stable_topks(model) if rewrite else None
     return core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}), counts
 
@@ -70,3 +70,13 @@ def test_the_unstable_topk_alone_orders_ties_otherwise():
         indices = result[compiled.outputs[1]]
         wrong += indices.tolist() != np.argsort(-x, kind="stable")[:k].tolist()
     assert wrong > 0
+
+
+def test_an_integer_topk_is_left_stable_and_right():
+    """The construction's threshold fill is a float: an integer TopK is not rewritten (it stays
+    OpenVINO's stable TopK, counted) and keeps ONNX's order."""
+    compiled, counts = _compiled(1, rewrite=True, dtype=TensorProto.INT32)
+    assert counts == (0, 1)
+    x = np.array([3, 1, 3, 2, 1, 3], dtype=np.int32)
+    result = compiled([x, np.array([4], dtype=np.int64)])
+    assert result[compiled.outputs[1]].tolist() == np.argsort(-x, kind="stable")[:4].tolist()
