@@ -42,7 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))  # the helpers beside this script
 
-from detcore.utils import strict_json  # noqa: E402
+from results_file import write_results  # noqa: E402
 from detcore.utils.collect_env import cpu_name  # noqa: E402
 import benchmark_worker  # noqa: E402
 import deploy_rows  # noqa: E402
@@ -230,9 +230,7 @@ def main(argv=None):
     print(f"{os.path.basename(args.config_file)} at {args.size[0]}x{args.size[1]}, {args.threads} threads, "
           f"{args.repeats} repeats, load average {load_before[0]:.1f} -> {record['load_average']['after'][0]:.1f}")
     print_table(record)
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w") as f:
-        f.write(strict_json.dumps(record, indent=2))
+    write_results(args.output, record)
     print(f"saved {args.output}")
     return record
 

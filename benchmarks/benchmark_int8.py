@@ -36,7 +36,7 @@ from detcore.export import ExportableDetector, trace_detector  # noqa: E402
 from detcore.export import quantize as int8_quantization  # noqa: E402
 from detcore.export.openvino_format import import_openvino, onnx_to_openvino  # noqa: E402
 from detcore.modeling import build_model  # noqa: E402
-from detcore.utils import strict_json  # noqa: E402
+from results_file import write_results  # noqa: E402
 from detcore.utils.collect_env import cpu_name  # noqa: E402
 from benchmark_export import _image  # noqa: E402
 from benchmark_timing import interleaved, median  # noqa: E402
@@ -155,9 +155,7 @@ def main(argv=None):
         "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
                      "openvino": ov.__version__, "python": platform.python_version()},
     }
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w") as f:
-        f.write(strict_json.dumps(record, indent=2))
+    write_results(args.output, record)
     print(f"saved {args.output}")
     return record
 

@@ -64,7 +64,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from detcore.utils.collect_env import cpu_name  # noqa: E402
-from detcore.utils import strict_json  # noqa: E402
+from results_file import write_results  # noqa: E402
 from detcore.config.choices import INFERENCE_PRECISIONS  # noqa: E402
 from detcore.utils.precision import cpu_bfloat16_summary  # noqa: E402
 import benchmark_worker  # noqa: E402
@@ -336,9 +336,7 @@ def main():
     stem = "model" if args.model == "mask_rcnn" else f"model_{args.model}"
     suffix = ("_bfloat16" if args.precision == "bfloat16" else "") + ("_quick" if args.quick else "")
     path = args.output or os.path.join(ROOT, "benchmark_results", f"{stem}_{args.device}{suffix}.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(strict_json.dumps(record, indent=2))
+    write_results(path, record)
     print(f"saved {os.path.relpath(path, ROOT)}")
 
 

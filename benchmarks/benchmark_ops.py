@@ -38,7 +38,7 @@ sys.path.insert(1, BENCHMARKS)
 import detcore  # noqa: E402
 from detcore.layers import batched_nms, deform_conv2d, nms, roi_align, roi_pool, sigmoid_focal_loss  # noqa: E402
 from detcore.utils.collect_env import cpu_name  # noqa: E402
-from detcore.utils import strict_json  # noqa: E402
+from results_file import write_results  # noqa: E402
 from background_load import BackgroundLoad  # noqa: E402
 import benchmark_worker  # noqa: E402
 from benchmark_runner import Runner, print_table  # noqa: E402
@@ -560,11 +560,7 @@ def main(argv=None):
     print()
     print_table(rows, phases, baseline is not None)
 
-    folder = os.path.dirname(json_path)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    with open(json_path, "w") as f:
-        f.write(strict_json.dumps({**info, "phases": phases, "results": rows}, indent=2))
+    write_results(json_path, {**info, "phases": phases, "results": rows})
     print(f"\nwrote {json_path}")
     status = 0
     if any(r["agree"].startswith("NO") for r in rows):

@@ -26,9 +26,10 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))  # the results writer beside this script
 
 from detcore.utils.plotting import plot_runs_compared, read_metrics  # noqa: E402
-from detcore.utils import strict_json  # noqa: E402
+from results_file import write_results  # noqa: E402
 
 CONFIGS = {
     "imgsim": os.path.join(ROOT, "configs", "shapes_transfer", "imgsim_R_50_FPN.yaml"),
@@ -114,9 +115,7 @@ def main():
             "ap_by_iteration": ap_by_iteration(records),
         }
 
-    os.makedirs(args.output_root, exist_ok=True)
-    with open(os.path.join(args.output_root, "transfer_results.json"), "w") as f:
-        f.write(strict_json.dumps(summary, indent=2))
+    write_results(os.path.join(args.output_root, "transfer_results.json"), summary)
     metrics_files = {name: os.path.join(args.output_root, name, "metrics.json") for name in runs}
     pngs = [
         plot_runs_compared(
