@@ -11,7 +11,7 @@ their runtime and precision.
 import os
 from typing import Dict, Iterable, Tuple
 
-from deploy_rows import DETCORE_EAGER, EXPORTS
+from deploy_rows import DETCORE_EAGER, EXPORTS, export_row
 
 SHAPES_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
                              "e2e_mask_rcnn_R_18_FPN_shapes.yaml")
@@ -26,7 +26,7 @@ def shapes_ap(weights: str, rows: Iterable[str], folder: str, threads: int,
     from detcore.config import get_cfg
     from detcore.engine import DefaultTrainer
     from detcore.engine.checkpointer import load_model_weights
-    from detcore.export import ExportedDetector, exported_config, export_model, load_exported
+    from detcore.export import ExportedDetector, exported_config, load_exported
     from detcore.modeling import build_model
 
     torch.set_num_threads(threads)
@@ -45,11 +45,9 @@ def shapes_ap(weights: str, rows: Iterable[str], folder: str, threads: int,
             row_cfg.merge_from_list(["TEST.PRECISION", DETCORE_EAGER[row], "OUTPUT_DIR", os.path.join(folder, row)])
             metrics = DefaultTrainer.test(row_cfg, model)
         elif row in EXPORTS:
-            fmt, int8 = EXPORTS[row]
-            extra = dict(int8=True, calibration_dataset=calibration[0], calibration_images=calibration[1]) if int8 else {}
-            export_model(cfg, model, fmt, os.path.join(folder, row), **extra)
-            runner = load_exported(os.path.join(folder, row), num_threads=threads)
-            metrics = DefaultTrainer.test(exported_config(runner.metadata, os.path.join(folder, row)), ExportedDetector(runner))
+            exported = export_row(cfg, model, row, folder, calibration)
+            runner = load_exported(exported, num_threads=threads)
+            metrics = DefaultTrainer.test(exported_config(runner.metadata, exported), ExportedDetector(runner))
         else:
             continue
         results[row] = {"box_ap": metrics["bbox"]["AP"], "mask_ap": metrics["segm"]["AP"]}

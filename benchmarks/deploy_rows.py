@@ -94,17 +94,13 @@ def torchvision_model(size: Tuple[int, int]):
 def prepare(folder: str, rows, cfg, model, image: torch.Tensor, calibration: Tuple[str, int]) -> None:
     """Writes what ``rows`` need into ``folder``: the image, detcore's weights and config, its
     exports (one folder per row, by export_model), torchvision's weights and its ONNX file."""
-    from detcore.export import export_model
-
     torch.save(image, os.path.join(folder, "image.pt"))
     torch.save(model.state_dict(), os.path.join(folder, "detcore.pth"))
     with open(os.path.join(folder, "detcore.yaml"), "w") as f:
         f.write(cfg.dump())
     for row in rows:
         if row in EXPORTS:
-            fmt, int8 = EXPORTS[row]
-            extra = dict(int8=True, calibration_dataset=calibration[0], calibration_images=calibration[1]) if int8 else {}
-            export_model(cfg, model, fmt, os.path.join(folder, row), sample_image=image, **extra)
+            export_row(cfg, model, row, folder, calibration, sample_image=image)
     if any(row in TORCHVISION for row in rows):
         tv = torchvision_model(tuple(image.shape[-2:]))
         torch.save(tv.state_dict(), os.path.join(folder, "torchvision.pth"))
@@ -114,6 +110,18 @@ def prepare(folder: str, rows, cfg, model, image: torch.Tensor, calibration: Tup
                 tv, ([_torchvision_input(image)],), os.path.join(folder, "torchvision.onnx"), opset_version=11,
                 input_names=["image"], dynamic_axes={"image": [1, 2]}, dynamo=False,
             )
+
+
+def export_row(cfg, model, row: str, folder: str, calibration: Tuple[str, int], sample_image=None) -> str:
+    """``model``'s export for the export row ``row`` into ``folder/row``, as ``detcore export`` writes
+    it (int8 rows calibrated on ``calibration``: dataset name, image count); that folder."""
+    from detcore.export import export_model
+
+    fmt, int8 = EXPORTS[row]
+    extra = dict(int8=True, calibration_dataset=calibration[0], calibration_images=calibration[1]) if int8 else {}
+    out = os.path.join(folder, row)
+    export_model(cfg, model, fmt, out, sample_image=sample_image, **extra)
+    return out
 
 
 class Runner:
@@ -128,7 +136,6 @@ class Runner:
 def load(folder: str, row: str, threads: int) -> Runner:
     """The runner of ``row`` from ``folder`` (prepare's), on ``threads`` CPU threads."""
     torch.set_num_threads(threads)
-    size = tuple(torch.load(os.path.join(folder, "image.pt")).shape[-2:])
     if row in DETCORE_EAGER:
         return _detcore_eager(folder, DETCORE_EAGER[row])
     if row in EXPORTS:
@@ -137,7 +144,7 @@ def load(folder: str, row: str, threads: int) -> Runner:
         runner = load_exported(os.path.join(folder, row), num_threads=threads)
         return Runner(runner, lambda images: [runner(image) for image in images])
     if row == "torchvision_eager":
-        model = torchvision_model(size)
+        model = torchvision_model(tuple(torch.load(os.path.join(folder, "image.pt")).shape[-2:]))
         model.load_state_dict(torch.load(os.path.join(folder, "torchvision.pth")))
 
         def one(image):
